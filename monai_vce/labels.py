@@ -1,0 +1,134 @@
+"""The 17 RARE-VISION labels of the Galar dataset, their groups and the clinical text prompts.
+
+Every array of per-label values in ``monai_vce`` (targets, probabilities, thresholds) uses the order of
+:data:`LABELS`. Names are the lower-case, space-separated names of the Galar label CSVs and of the
+challenge's event JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+__all__ = [
+    "LABELS",
+    "NUM_LABELS",
+    "ANATOMY",
+    "PATHOLOGY",
+    "SECTIONS",
+    "LANDMARKS",
+    "LANDMARK_BOUNDARIES",
+    "PROMPT_TEMPLATES",
+    "LABEL_DESCRIPTIONS",
+    "label_index",
+    "label_indices",
+    "labels_to_multi_hot",
+    "multi_hot_to_labels",
+    "prompts_for",
+    "all_prompts",
+]
+
+#: Anatomical sections, ordered along the gut (a capsule passes them in this order).
+SECTIONS: tuple[str, ...] = ("mouth", "esophagus", "stomach", "small intestine", "colon")
+#: Anatomical landmarks: short structures at the boundary between two consecutive sections.
+LANDMARKS: tuple[str, ...] = ("z-line", "pylorus", "ileocecal valve")
+#: Anatomy labels: sections then landmarks.
+ANATOMY: tuple[str, ...] = SECTIONS + LANDMARKS
+#: Pathology labels.
+PATHOLOGY: tuple[str, ...] = (
+    "active bleeding",
+    "angiectasia",
+    "blood",
+    "erosion",
+    "erythema",
+    "hematin",
+    "lymphangioectasis",
+    "polyp",
+    "ulcer",
+)
+#: The 17 labels in the canonical order of every per-label array.
+LABELS: tuple[str, ...] = ANATOMY + PATHOLOGY
+NUM_LABELS: int = len(LABELS)
+
+#: For each landmark, the two sections whose boundary it marks.
+LANDMARK_BOUNDARIES: dict[str, tuple[str, str]] = {
+    "z-line": ("esophagus", "stomach"),
+    "pylorus": ("stomach", "small intestine"),
+    "ileocecal valve": ("small intestine", "colon"),
+}
+
+#: Prompt templates of the contrastive path; ``{label}`` is replaced by the label's description.
+PROMPT_TEMPLATES: tuple[str, ...] = (
+    "a video capsule endoscopy image showing {label}",
+    "a capsule endoscopy frame of {label}",
+    "an endoscopic image of {label}",
+    "a wireless capsule endoscopy photo showing {label}",
+)
+
+#: Clinical wording of each label used inside the prompts.
+LABEL_DESCRIPTIONS: dict[str, str] = {
+    "mouth": "the mouth",
+    "esophagus": "the esophagus",
+    "stomach": "the stomach mucosa",
+    "small intestine": "the small intestine with villi",
+    "colon": "the colon",
+    "z-line": "the z-line, the gastroesophageal junction",
+    "pylorus": "the pylorus",
+    "ileocecal valve": "the ileocecal valve",
+    "active bleeding": "active bleeding",
+    "angiectasia": "angiectasia, a vascular lesion",
+    "blood": "blood in the lumen",
+    "erosion": "a mucosal erosion",
+    "erythema": "erythema, reddened mucosa",
+    "hematin": "hematin, digested blood",
+    "lymphangioectasis": "lymphangiectasia, white dilated lacteals",
+    "polyp": "a polyp",
+    "ulcer": "an ulcer",
+}
+
+_INDEX = {name: i for i, name in enumerate(LABELS)}
+
+
+def label_index(name: str) -> int:
+    """Return the position of ``name`` in :data:`LABELS`.
+
+    Args:
+        name: a label name, matched case-insensitively with surrounding blanks ignored.
+
+    Raises:
+        KeyError: when ``name`` is not one of the 17 labels; the message lists the valid names.
+    """
+    key = name.strip().lower() if isinstance(name, str) else name
+    if key not in _INDEX:
+        raise KeyError(f"unknown label {name!r}; expected one of {', '.join(LABELS)}")
+    return _INDEX[key]
+
+
+def label_indices(names: Iterable[str]) -> list[int]:
+    """Return the positions of several label names (see :func:`label_index`)."""
+    return [label_index(n) for n in names]
+
+
+def labels_to_multi_hot(names: Iterable[str]) -> list[float]:
+    """Return a 17-long 0/1 float list with ones at the given label names."""
+    out = [0.0] * NUM_LABELS
+    for i in label_indices(names):
+        out[i] = 1.0
+    return out
+
+
+def multi_hot_to_labels(vector: Sequence[float], threshold: float = 0.5) -> list[str]:
+    """Return the names whose value in a 17-long vector is at least ``threshold``, in :data:`LABELS` order."""
+    if len(vector) != NUM_LABELS:
+        raise ValueError(f"expected {NUM_LABELS} values in LABELS order, got {len(vector)}")
+    return [name for name, v in zip(LABELS, vector) if v >= threshold]
+
+
+def prompts_for(name: str) -> list[str]:
+    """Return the prompt variants of one label (one per template of :data:`PROMPT_TEMPLATES`)."""
+    desc = LABEL_DESCRIPTIONS[LABELS[label_index(name)]]
+    return [t.format(label=desc) for t in PROMPT_TEMPLATES]
+
+
+def all_prompts() -> dict[str, list[str]]:
+    """Return ``{label: [prompt variants]}`` for the 17 labels in :data:`LABELS` order."""
+    return {name: prompts_for(name) for name in LABELS}
