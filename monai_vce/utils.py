@@ -19,6 +19,9 @@ __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atom
 
 PathLike = str | os.PathLike
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically and durably.
@@ -34,6 +37,8 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp creates 0600 files; give the result the permissions a plain open() would
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -1,0 +1,584 @@
+"""The summary page of an evaluation: overall and per-video mAP, per-class AP and presence decisions.
+
+Every score shown comes from :func:`monai_vce.metrics.temporal_map`; this module only lays the numbers out
+(Markdown, a PNG chart and a JSON copy). The presence matrix says, per video and label, whether the label
+was predicted present and whether the ground truth has it: these decisions dominate the challenge score,
+since a label predicted in a video without it costs that label's whole AP there.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from monai_vce.labels import ANATOMY, LABELS, NUM_LABELS
+from monai_vce.report.timeline import UNITS, GT_COLOR, PRED_COLOR, draw_timeline, figure_to_png, require_matplotlib
+from monai_vce.utils import atomic_write_bytes, atomic_write_json, atomic_write_text
+
+__all__ = [
+    "PRESENCE_CODES",
+    "PRESENCE_COLORS",
+    "LABEL_ABBREVIATIONS",
+    "present_labels",
+    "presence_matrix",
+    "per_label_ap",
+    "summary_markdown",
+    "draw_summary",
+    "load_probabilities",
+    "write_report",
+]
+
+#: Presence decision codes: predicted and in ground truth, predicted only, missed, absent from both.
+PRESENCE_CODES: tuple[str, ...] = ("TP", "FP", "FN", "TN")
+PRESENCE_COLORS: dict[str, str] = {"TP": "#4c9a4c", "FP": "#d0443e", "FN": "#f0a13a", "TN": "#eeeeee"}
+_PRESENCE_MEANING = {
+    "TP": "predicted and present in the ground truth",
+    "FP": "predicted but absent from the ground truth",
+    "FN": "present in the ground truth but not predicted",
+    "TN": "absent from both",
+}
+#: Short column names of the Markdown presence table, in :data:`LABELS` order.
+LABEL_ABBREVIATIONS: dict[str, str] = {
+    "mouth": "mou",
+    "esophagus": "eso",
+    "stomach": "sto",
+    "small intestine": "SI",
+    "colon": "col",
+    "z-line": "zl",
+    "pylorus": "pyl",
+    "ileocecal valve": "icv",
+    "active bleeding": "AB",
+    "angiectasia": "ang",
+    "blood": "bld",
+    "erosion": "ero",
+    "erythema": "ery",
+    "hematin": "hem",
+    "lymphangioectasis": "lym",
+    "polyp": "pol",
+    "ulcer": "ulc",
+}
+
+
+def present_labels(events: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Return the labels listed by at least one event, in :data:`LABELS` order."""
+    found = {str(n).strip().lower() for ev in events for n in ev["label"]}
+    return [name for name in LABELS if name in found]
+
+
+def presence_matrix(
+    pred_videos: Mapping[str, Sequence[Mapping[str, Any]]], gt_videos: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> dict[str, dict[str, str]]:
+    """Return the video-level presence decision of every label: ``{video_id: {label: "TP"|"FP"|"FN"|"TN"}}``.
+
+    Args:
+        pred_videos: ``{video_id: predicted events}``; a video missing here predicts nothing.
+        gt_videos: ``{video_id: ground-truth events}``; defines the videos, in its order.
+    """
+    out: dict[str, dict[str, str]] = {}
+    for vid, gt_events in gt_videos.items():
+        gt = set(present_labels(gt_events))
+        pr = set(present_labels(pred_videos.get(vid, [])))
+        out[vid] = {
+            name: ("TP" if name in pr else "FN") if name in gt else ("FP" if name in pr else "TN") for name in LABELS
+        }
+    return out
+
+
+def per_label_ap(metrics: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """Return ``{label: {"0.5": AP, "0.95": AP}}`` over all videos, from a :func:`temporal_map` result.
+
+    Raises:
+        ValueError: the result lacks the ``"per_label"`` entry at both thresholds.
+    """
+    own = metrics.get("per_label")
+    try:
+        return {name: {t: float(own[name][t]) for t in ("0.5", "0.95")} for name in LABELS}
+    except (KeyError, TypeError):
+        raise ValueError(
+            "the metric result has no 'per_label' AP at tIoU 0.5 and 0.95; compute it with "
+            "monai_vce.metrics.temporal_map(gt, pred, thresholds=(0.5, 0.95))"
+        ) from None
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: Sequence[str] | None = None) -> str:
+    align = align or ["l"] + ["r"] * (len(header) - 1)
+    sep = [":--" if a == "l" else ("--:" if a == "r" else ":-:") for a in align]
+    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "|".join(sep) + "|"]
+    lines += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _f(v: Any) -> str:
+    return f"{float(v):.3f}"
+
+
+def summary_markdown(
+    pred_videos: Mapping[str, Sequence[Mapping[str, Any]]],
+    gt_videos: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    metrics: Mapping[str, Any] | None = None,
+    timelines: Mapping[str, str] | None = None,
+    summary_png: str | None = None,
+    sources: Mapping[str, str] | None = None,
+    units: str = "index",
+) -> str:
+    """Compose the summary page in Markdown.
+
+    With ground truth: the overall mAP, a per-video table, a per-class table and the presence matrix. Without
+    it (inference): the predicted labels per video, no scores.
+
+    Args:
+        pred_videos: ``{video_id: predicted events}`` of the videos reported, in report order.
+        gt_videos: ``{video_id: ground-truth events}`` or ``None``.
+        metrics: the :func:`monai_vce.metrics.temporal_map` result on these videos (required with ground truth).
+        timelines: ``{video_id: path of the timeline PNG relative to the Markdown file}``.
+        summary_png: path of the summary PNG relative to the Markdown file.
+        sources: ``{"pred": .., "gt": .., "probs": ..}`` descriptions of the inputs, listed on the page.
+        units: frame units of the event files.
+    """
+    timelines = timelines or {}
+    out = ["# Evaluation report" if gt_videos is not None else "# Inference report", ""]
+    for key, name in (("pred", "Prediction"), ("gt", "Ground truth"), ("probs", "Frame probabilities")):
+        if sources and sources.get(key):
+            out.append(f"- {name}: `{sources[key]}`")
+    out.append(f"- Videos: {len(pred_videos) if gt_videos is None else len(gt_videos)}; frame units: `{units}`")
+    out.append("")
+
+    if gt_videos is None:
+        out += ["## Predicted labels per video", ""]
+        rows = []
+        for vid, events in pred_videos.items():
+            labels = present_labels(events)
+            link = f"[timeline]({timelines[vid]})" if vid in timelines else ""
+            rows.append([vid, len(events), ", ".join(labels) if labels else "(none)", link])
+        out += [_md_table(["video", "events", "predicted labels", "timeline"], rows, ["l", "r", "l", "l"]), ""]
+        return "\n".join(out)
+
+    if metrics is None:
+        raise ValueError("a summary with ground truth needs the temporal_map result")
+    presence = presence_matrix(pred_videos, gt_videos)
+    out += [
+        "## Temporal mAP",
+        "",
+        _md_table(["", "mAP@0.5", "mAP@0.95"], [["all videos", _f(metrics["mAP@0.5"]), _f(metrics["mAP@0.95"])]]),
+        "",
+    ]
+    if summary_png:
+        out += [f"![summary]({summary_png})", ""]
+
+    out += ["## Per video", ""]
+    rows = []
+    for vid in gt_videos:
+        pv = metrics["per_video"][vid]
+        codes = list(presence[vid].values())
+        link = f"[timeline]({timelines[vid]})" if vid in timelines else ""
+        rows.append(
+            [vid, _f(pv["mAP@0.5"]), _f(pv["mAP@0.95"]), codes.count("TP"), codes.count("FP"), codes.count("FN"), link]
+        )
+    out += [
+        _md_table(
+            ["video", "mAP@0.5", "mAP@0.95", "TP labels", "FP labels", "FN labels", "timeline"],
+            rows,
+            ["l", "r", "r", "r", "r", "r", "l"],
+        ),
+        "",
+    ]
+
+    out += ["## Per class", "", "AP of each label averaged over the videos (a video without the label scores 1 "
+            "when nothing predicts it there, else 0).", ""]
+    ap = per_label_ap(metrics)
+    rows = []
+    for name in LABELS:
+        codes = [presence[v][name] for v in gt_videos]
+        rows.append(
+            [
+                name,
+                _f(ap[name]["0.5"]),
+                _f(ap[name]["0.95"]),
+                codes.count("TP") + codes.count("FN"),
+                codes.count("TP") + codes.count("FP"),
+                codes.count("TP"),
+                codes.count("FP"),
+                codes.count("FN"),
+            ]
+        )
+    out += [
+        _md_table(["label", "AP@0.5", "AP@0.95", "videos with it", "predicted in", "TP", "FP", "FN"], rows),
+        "",
+    ]
+
+    out += ["## Presence decisions", ""]
+    out.append(
+        "Per video and label: "
+        + "; ".join(f"`{c if c != 'TN' else '.'}` {_PRESENCE_MEANING[c]}" for c in PRESENCE_CODES)
+        + ". Columns: " + ", ".join(f"{LABEL_ABBREVIATIONS[n]} = {n}" for n in LABELS) + "."
+    )
+    out.append("")
+    rows = [[vid] + [c if c != "TN" else "." for c in presence[vid].values()] for vid in gt_videos]
+    out += [_md_table(["video"] + [LABEL_ABBREVIATIONS[n] for n in LABELS], rows, ["l"] + ["c"] * NUM_LABELS), ""]
+    return "\n".join(out)
+
+
+def draw_summary(
+    metrics: Mapping[str, Any],
+    presence: Mapping[str, Mapping[str, str]],
+    figsize: tuple[float, float] = (16.0, 9.0),
+    dpi: int = 100,
+    title: str = "Evaluation summary",
+) -> Any:
+    """Draw the summary chart and return the matplotlib ``Figure``.
+
+    Left: each label's AP at tIoU 0.5 and 0.95 (horizontal bars, labels in :data:`LABELS` order). Right, top:
+    each video's mAP at both thresholds; right, below: the presence matrix (labels x videos, one colour per
+    decision), sharing its rows with the per-class bars and its columns with the per-video bars.
+
+    Args:
+        metrics: a :func:`monai_vce.metrics.temporal_map` result.
+        presence: ``{video_id: {label: "TP"|"FP"|"FN"|"TN"}}`` (see :func:`presence_matrix`); its order is
+            the column order.
+        figsize: figure size in inches; the PNG is ``figsize * dpi`` pixels.
+        dpi: resolution used for the figure.
+        title: the figure title (the overall mAP is appended).
+
+    Returns:
+        A ``matplotlib.figure.Figure`` attached to an Agg canvas; its axes carry the labels ``"overview"``,
+        ``"per_label"``, ``"per_video"`` and ``"presence"``.
+    """
+    Figure, FigureCanvasAgg = require_matplotlib()
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    videos = list(presence)
+    n = len(videos)
+    ap = per_label_ap(metrics)
+    fig = Figure(figsize=figsize, dpi=dpi)
+    FigureCanvasAgg(fig)
+    gs = fig.add_gridspec(
+        2, 2, width_ratios=[1, 2.6], height_ratios=[1, 2.4], wspace=0.04, hspace=0.08,
+        left=0.115, right=0.985, top=0.86, bottom=0.1,
+    )
+    ax_lab = fig.add_subplot(gs[1, 0])
+    ax_pres = fig.add_subplot(gs[1, 1], sharey=ax_lab)
+    ax_vid = fig.add_subplot(gs[0, 1], sharex=ax_pres)
+    ax_lab.set_label("per_label")
+    ax_vid.set_label("per_video")
+    ax_pres.set_label("presence")
+
+    ys = np.arange(NUM_LABELS)
+    h = 0.38
+    a5 = [ap[name]["0.5"] for name in LABELS]
+    a95 = [ap[name]["0.95"] for name in LABELS]
+    ax_lab.barh(ys - h / 2, a5, height=h, color=PRED_COLOR, label="AP@0.5")
+    ax_lab.barh(ys + h / 2, a95, height=h, color=GT_COLOR, label="AP@0.95")
+    ax_lab.set_yticks(ys, list(LABELS), fontsize=9)
+    for tick, name in zip(ax_lab.get_yticklabels(), LABELS):
+        tick.set_color("#1a1a1a" if name in ANATOMY else "#7a1f1f")
+    ax_lab.set_ylim(NUM_LABELS - 0.5, -0.5)
+    ax_lab.set_xlim(1.0, 0.0)  # mirrored so the bars grow towards the label names
+    ax_lab.yaxis.tick_left()
+    ax_lab.set_xlabel("AP per label (mean over videos)", fontsize=9)
+    ax_lab.axhline(len(ANATOMY) - 0.5, color="#999999", lw=0.8)
+    ax_lab.grid(axis="x", color="#dddddd", lw=0.6)
+    ax_lab.set_axisbelow(True)
+    ax_lab.tick_params(axis="x", labelsize=8)
+    ax_lab.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, frameon=False)
+    for i in range(NUM_LABELS):
+        for value, y in ((a5[i], i - h / 2), (a95[i], i + h / 2)):
+            inside = value > 0.85  # near 1 the value is written inside the bar, clear of the label names
+            ax_lab.text(value, y, f" {value:.2f} ", va="center", ha="left" if inside else "right", fontsize=6.5,
+                        color="white" if inside else "#333333")
+
+    # presence matrix: rows = labels, columns = videos
+    codes = np.array([[PRESENCE_CODES.index(presence[v][name]) for v in videos] for name in LABELS]).reshape(
+        NUM_LABELS, n
+    )
+    cmap = ListedColormap([PRESENCE_COLORS[c] for c in PRESENCE_CODES])
+    ax_pres.imshow(
+        codes, cmap=cmap, vmin=-0.5, vmax=len(PRESENCE_CODES) - 0.5, aspect="auto", interpolation="nearest",
+        extent=(-0.5, n - 0.5, NUM_LABELS - 0.5, -0.5),
+    )
+    if 0 < n <= 40:
+        for (i, j), c in np.ndenumerate(codes):
+            code = PRESENCE_CODES[c]
+            if code == "TN":
+                continue
+            text = code
+            if code == "TP" and n <= 12:  # FP and FN score 0 by definition; a TP's AP is the timing
+                text += f"  {float(metrics['per_video'][videos[j]]['AP'][LABELS[i]]['0.5']):.2f}"
+            ax_pres.text(j, i, text, ha="center", va="center", fontsize=7 if n <= 20 else 5,
+                         color="white" if code in ("TP", "FP") else "#333333")
+    ax_pres.set_xticks(np.arange(n), videos, fontsize=8 if n <= 30 else 6, rotation=0 if n <= 20 else 90)
+    ax_pres.set_xlabel("video", fontsize=9)
+    ax_pres.tick_params(axis="y", labelleft=False, length=0)
+    ax_pres.axhline(len(ANATOMY) - 0.5, color="#555555", lw=1.0)
+    if n > 1:
+        ax_pres.set_xticks(np.arange(n + 1) - 0.5, minor=True)
+        ax_pres.grid(which="minor", axis="x", color="white", lw=0.8 if n <= 40 else 0.3)
+    ax_pres.set_xlim(-0.5, n - 0.5)
+
+    # per-video mAP
+    xs = np.arange(n)
+    w = 0.38
+    m5 = [float(metrics["per_video"][v]["mAP@0.5"]) for v in videos]
+    m95 = [float(metrics["per_video"][v]["mAP@0.95"]) for v in videos]
+    ax_vid.bar(xs - w / 2, m5, width=w, color=PRED_COLOR, label="mAP@0.5")
+    ax_vid.bar(xs + w / 2, m95, width=w, color=GT_COLOR, label="mAP@0.95")
+    ax_vid.axhline(float(metrics["mAP@0.5"]), color=PRED_COLOR, lw=0.8, ls="--", label="overall mAP@0.5")
+    ax_vid.axhline(float(metrics["mAP@0.95"]), color=GT_COLOR, lw=0.8, ls="--", label="overall mAP@0.95")
+    ax_vid.set_ylim(0, 1)
+    ax_vid.set_ylabel("mAP per video", fontsize=9)
+    ax_vid.tick_params(axis="x", labelbottom=False)
+    ax_vid.tick_params(axis="y", labelsize=8)
+    ax_vid.grid(axis="y", color="#dddddd", lw=0.6)
+    ax_vid.set_axisbelow(True)
+    ax_vid.legend(fontsize=8, loc="lower right", ncol=4, frameon=False, bbox_to_anchor=(1.0, 1.0))
+    for side in ("top", "right"):
+        ax_vid.spines[side].set_visible(False)
+        ax_lab.spines[side if side == "top" else "left"].set_visible(False)
+
+    # top left: the headline numbers and the presence decision counts
+    ax_txt = fig.add_subplot(gs[0, 0])
+    ax_txt.set_label("overview")
+    ax_txt.axis("off")
+    counts = {c: sum(list(p.values()).count(c) for p in presence.values()) for c in PRESENCE_CODES}
+    lines = [
+        ("mAP@0.5", f"{float(metrics['mAP@0.5']):.3f}"),
+        ("mAP@0.95", f"{float(metrics['mAP@0.95']):.3f}"),
+        ("videos", f"{n}"),
+        ("presence TP / FP", f"{counts['TP']} / {counts['FP']}"),
+        ("presence FN / TN", f"{counts['FN']} / {counts['TN']}"),
+    ]
+    for k, (key, value) in enumerate(lines):
+        y = 0.9 - 0.18 * k
+        ax_txt.text(0.02, y, key, fontsize=10, ha="left", va="center", transform=ax_txt.transAxes)
+        ax_txt.text(0.8, y, value, fontsize=10, fontweight="bold", ha="right", va="center", family="monospace",
+                    transform=ax_txt.transAxes)
+
+    fig.text(
+        0.01, 0.955,
+        f"{title}    mAP@0.5 = {float(metrics['mAP@0.5']):.3f}    mAP@0.95 = {float(metrics['mAP@0.95']):.3f}"
+        f"    ({n} video{'s' if n != 1 else ''})",
+        fontsize=13, fontweight="bold", ha="left", va="center",
+    )
+    fig.legend(
+        handles=[Patch(facecolor=PRESENCE_COLORS[c], edgecolor="#bbbbbb", label=f"{c}: {_PRESENCE_MEANING[c]}")
+                 for c in PRESENCE_CODES],
+        loc="center left", bbox_to_anchor=(0.005, 0.91), ncol=4, fontsize=8.5, frameon=False,
+        title="presence decisions (video x label)", title_fontsize=8.5, alignment="left",
+    )
+    return fig
+
+
+_SAFE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def _file_stem(video_id: str) -> str:
+    # video ids are free strings; keep file names portable
+    return "".join(c if c in _SAFE else "_" for c in video_id) or "_"
+
+
+def _load_event_json(obj: Any, role: str) -> tuple[dict[str, Any], str]:
+    from monai_vce.metrics import check_events, load_events
+
+    if isinstance(obj, Mapping):
+        # in-memory decoder output may carry extra keys (an event's "score"); drawing ignores them
+        return check_events(obj, source=role, strict=False), role
+    path = Path(obj)
+    return load_events(path), str(path)
+
+
+def load_probabilities(path: str | os.PathLike, units: str = "index") -> tuple[np.ndarray, np.ndarray]:
+    """Read one per-video probability file and return ``(probs (T, 17), frame ids (T,))`` in ``units``.
+
+    Args:
+        path: ``<probs>/<video_id>.npz`` with ``probs``, ``frame_index``, ``frame_number`` and ``labels``.
+        units: which id column to return, ``"index"`` (``frame_index``) or ``"frame_number"``.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: a key is missing, the shapes disagree or the labels are not :data:`LABELS` in order.
+    """
+    path = Path(path)
+    if units not in UNITS:
+        raise ValueError(f"units must be one of {UNITS}, got {units!r}")
+    if not path.is_file():
+        raise FileNotFoundError(f"probability file {path} not found")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            data = {k: f[k] for k in f.files}
+    except Exception as e:  # a truncated or foreign file: name it rather than show numpy's internals
+        raise ValueError(f"probability file {path} cannot be read as .npz ({type(e).__name__}: {e})") from None
+    missing = [k for k in ("probs", "frame_index", "frame_number", "labels") if k not in data]
+    if missing:
+        raise ValueError(f"probability file {path}: missing key{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
+    probs, ids = data["probs"], data["frame_index" if units == "index" else "frame_number"]
+    if probs.ndim != 2 or probs.shape[1] != NUM_LABELS:
+        raise ValueError(f"probability file {path}: 'probs' has shape {probs.shape}, expected (T, {NUM_LABELS})")
+    for key in ("frame_index", "frame_number"):
+        if data[key].shape != (probs.shape[0],):
+            raise ValueError(
+                f"probability file {path}: '{key}' has shape {data[key].shape} but 'probs' has {probs.shape[0]} frames"
+            )
+    if [str(x) for x in data["labels"]] != list(LABELS):
+        raise ValueError(f"probability file {path}: 'labels' are not the {NUM_LABELS} LABELS in order")
+    return probs.astype(np.float32, copy=False), ids.astype(np.int64, copy=False)
+
+
+def _check_range(
+    path: Path, vid: str, ids: np.ndarray, events: Sequence[Mapping[str, Any]], role: str, units: str
+) -> None:
+    if not events or not len(ids):
+        return
+    starts = np.fromiter((e["start"] for e in events), dtype=np.int64, count=len(events))
+    ends = np.fromiter((e["end"] for e in events), dtype=np.int64, count=len(events))
+    lo, hi = int(ids.min()), int(ids.max())
+    if starts.min() < lo or ends.max() > hi:
+        raise ValueError(
+            f"video {vid!r}: the {role} events span frames {int(starts.min())} to {int(ends.max())} but the "
+            f"probabilities in {path} cover {units} {lo} to {hi}; the files do not match (wrong video or --units?)"
+        )
+
+
+def write_report(
+    pred: str | os.PathLike | Mapping[str, Any],
+    out_dir: str | os.PathLike,
+    gt: str | os.PathLike | Mapping[str, Any] | None = None,
+    probs_dir: str | os.PathLike | None = None,
+    units: str = "index",
+    videos: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Write the report of a prediction: one timeline PNG per video and a summary (Markdown, PNG, JSON).
+
+    Output layout::
+
+        out_dir/timelines/<video_id>.png   one per video
+        out_dir/summary.md                 scores, per-video and per-class tables, presence matrix
+        out_dir/summary.png                the chart of the same numbers (only with ground truth)
+        out_dir/summary.json               the temporal_map result, the presence decisions, the paths
+
+    With ground truth, the scores are those of :func:`monai_vce.metrics.temporal_map` on the reported videos
+    (all of them unless ``videos`` narrows it). Without it (inference), the timelines and the list of
+    predicted labels per video are written, with no score. Every file is written atomically.
+
+    Args:
+        pred: the prediction event JSON (path or parsed object; an object may carry extra event keys such as
+            the decoder's ``score``).
+        out_dir: the report folder; created when missing.
+        gt: optional ground-truth event JSON (path or object) with exactly the prediction's video ids.
+        probs_dir: optional folder of per-video probability files ``<video_id>.npz``, drawn as traces; every
+            reported video needs one and every file must belong to a video of the prediction.
+        units: frame units of the event files, ``"index"`` or ``"frame_number"``; selects the id column
+            of the probability files and names the frame axis.
+        videos: optional subset of video ids to report, in this order; default all, in ground-truth order
+            (prediction order without ground truth).
+
+    Returns:
+        ``{"timelines": {video_id: Path}, "summary_md": Path, "summary_png": Path | None,
+        "summary_json": Path, "metrics": dict | None}``.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install monai-vce[report]``); nothing is written.
+        FileNotFoundError: an input file or a video's probability file is missing.
+        ValueError: invalid event JSON, video ids that differ between the files, an unknown video, or
+            probabilities that do not match the events; the message names the file and video.
+    """
+    require_matplotlib()
+    from monai_vce.metrics import check_events, temporal_map
+
+    if units not in UNITS:
+        raise ValueError(f"units must be one of {UNITS}, got {units!r}")
+    pred_obj, pred_src = _load_event_json(pred, "prediction")
+    gt_obj, gt_src = _load_event_json(gt, "ground truth") if gt is not None else (None, None)
+    if gt_obj is not None:
+        check_events(pred_obj, gt=gt_obj, source=f"{pred_src} (against the ground truth {gt_src})", strict=False)
+    pred_videos = {v["video_id"]: v["events"] for v in pred_obj["videos"]}
+    gt_videos = {v["video_id"]: v["events"] for v in gt_obj["videos"]} if gt_obj is not None else None
+    order = list(gt_videos if gt_videos is not None else pred_videos)
+    if videos is not None:
+        videos = [str(v) for v in videos]
+        unknown = [v for v in videos if v not in pred_videos]
+        if unknown:
+            plural = "s" if len(unknown) > 1 else ""
+            raise ValueError(f"video{plural} {', '.join(map(repr, unknown))} not in {pred_src}")
+        order = list(dict.fromkeys(videos))
+
+    probs_path = Path(probs_dir) if probs_dir is not None else None
+    if probs_path is not None:
+        if not probs_path.is_dir():
+            raise FileNotFoundError(f"probability folder {probs_path} not found")
+        strays = sorted(p.name for p in probs_path.glob("*.npz") if p.stem not in {_file_stem(v) for v in pred_videos})
+        if strays:
+            raise ValueError(
+                f"probability folder {probs_path} has files of videos that are not in {pred_src}: "
+                f"{', '.join(strays[:10])}{' ...' if len(strays) > 10 else ''}"
+            )
+
+    metrics = None
+    if gt_videos is not None:
+        sub_gt = {"videos": [{"video_id": v, "events": gt_videos[v]} for v in order]}
+        sub_pred = {"videos": [{"video_id": v, "events": pred_videos[v]} for v in order]}
+        metrics = temporal_map(sub_gt, sub_pred)
+
+    out = Path(out_dir)
+    timelines: dict[str, Path] = {}
+    for vid in order:
+        probs = ids = None
+        if probs_path is not None:
+            npz = probs_path / f"{_file_stem(vid)}.npz"
+            if not npz.is_file():
+                raise FileNotFoundError(f"probability file {npz} of video {vid!r} not found")
+            probs, ids = load_probabilities(npz, units=units)
+            _check_range(npz, vid, ids, pred_videos[vid], "predicted", units)
+            if gt_videos is not None:
+                _check_range(npz, vid, ids, gt_videos[vid], "ground-truth", units)
+        fig = draw_timeline(
+            vid,
+            pred_videos[vid],
+            gt_events=gt_videos[vid] if gt_videos is not None else None,
+            probs=probs,
+            frame_ids=ids,
+            units=units,
+            scores=metrics["per_video"][vid] if metrics is not None else None,
+        )
+        timelines[vid] = atomic_write_bytes(out / "timelines" / f"{_file_stem(vid)}.png", figure_to_png(fig))
+
+    rel = {vid: f"timelines/{p.name}" for vid, p in timelines.items()}
+    summary_png = None
+    presence = None
+    if metrics is not None:
+        presence = presence_matrix({v: pred_videos[v] for v in order}, {v: gt_videos[v] for v in order})
+        fig = draw_summary(metrics, presence)
+        summary_png = atomic_write_bytes(out / "summary.png", figure_to_png(fig))
+    sources = {"pred": pred_src, "gt": gt_src, "probs": str(probs_path) if probs_path is not None else None}
+    md = summary_markdown(
+        {v: pred_videos[v] for v in order},
+        {v: gt_videos[v] for v in order} if gt_videos is not None else None,
+        metrics=metrics,
+        timelines=rel,
+        summary_png="summary.png" if summary_png is not None else None,
+        sources=sources,
+        units=units,
+    )
+    summary_md = atomic_write_text(out / "summary.md", md)
+    summary_json = atomic_write_json(
+        out / "summary.json",
+        {
+            "sources": sources,
+            "units": units,
+            "videos": order,
+            "metrics": metrics,
+            "presence": presence,
+            "predicted_labels": {v: present_labels(pred_videos[v]) for v in order},
+            "timelines": rel,
+        },
+    )
+    return {
+        "timelines": timelines,
+        "summary_md": summary_md,
+        "summary_png": summary_png,
+        "summary_json": summary_json,
+        "metrics": metrics,
+    }

@@ -1,0 +1,62 @@
+import os
+
+import numpy as np
+import pytest
+
+from monai_vce.utils import OutputLock, atomic_save_npz, atomic_write_json
+
+
+def test_atomic_json_roundtrip_and_no_temp_left(tmp_path):
+    path = tmp_path / "sub" / "x.json"
+    atomic_write_json(path, {"a": 1})
+    assert path.read_text().strip().replace(" ", "").replace("\n", "") == '{"a":1}'
+    assert [p.name for p in path.parent.iterdir()] == ["x.json"]
+
+
+def test_failed_validation_keeps_previous_file(tmp_path):
+    path = tmp_path / "x.json"
+    atomic_write_json(path, {"v": 1})
+
+    def reject(obj):
+        raise ValueError("bad content")
+
+    with pytest.raises(ValueError, match="bad content"):
+        atomic_write_json(path, {"v": 2}, validate=reject)
+    assert '"v": 1' in path.read_text()
+
+
+def test_unserialisable_object_keeps_previous_file(tmp_path):
+    path = tmp_path / "x.json"
+    atomic_write_json(path, {"v": 1})
+    with pytest.raises(TypeError):
+        atomic_write_json(path, {"v": object()})
+    assert '"v": 1' in path.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json"]
+
+
+def test_atomic_npz(tmp_path):
+    p = atomic_save_npz(tmp_path / "v.npz", probs=np.ones((3, 17), np.float32))
+    with np.load(p) as z:
+        assert z["probs"].shape == (3, 17)
+
+
+def test_output_lock_refuses_second_run_and_takes_over_stale(tmp_path):
+    with OutputLock(tmp_path):
+        other = OutputLock(tmp_path)
+        # simulate another live process holding the lock
+        (tmp_path / OutputLock.name).write_text(str(os.getppid()))
+        with pytest.raises(RuntimeError, match="in use by another run"):
+            other.acquire()
+        (tmp_path / OutputLock.name).write_text(str(os.getpid()))
+    assert not (tmp_path / OutputLock.name).exists()
+    # a lock left by a dead process is taken over
+    (tmp_path / OutputLock.name).write_text("999999999")
+    with OutputLock(tmp_path) as lock:
+        assert lock.path.read_text() == str(os.getpid())
+
+
+def test_atomic_write_uses_default_permissions(tmp_path):
+    from monai_vce.utils import _UMASK
+
+    p = atomic_write_json(tmp_path / "p.json", {})
+    assert (p.stat().st_mode & 0o777) == (0o666 & ~_UMASK)
