@@ -1,0 +1,360 @@
+"""Validation, reading and writing of event JSON files (the RARE-VISION challenge format).
+
+The format (inclusive frames, ``label`` always a list of names from :data:`monai_vce.labels.LABELS`)::
+
+    {"videos": [{"video_id": "1",
+                 "events": [{"start": 20, "end": 164, "label": ["mouth"]}]}]}
+
+:func:`validate_events` lists every problem of a file, one message each, naming the video and the event
+position; :func:`check_events` raises them as one ``ValueError``; :func:`load_events` reads a file with
+bounded memory and clear errors; :func:`save_events` converts, validates and writes atomically, so that an
+invalid file is never written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from monai_vce.labels import LABELS
+from monai_vce.utils import atomic_write_json
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_EVENTS",
+    "EVENT_KEYS",
+    "validate_events",
+    "check_events",
+    "load_events",
+    "save_events",
+    "to_challenge_format",
+]
+
+#: Largest event file :func:`load_events` reads by default (bytes); bigger files are refused before parsing.
+DEFAULT_MAX_BYTES: int = 512 * 1024**2
+#: Largest total number of events accepted by default (the 80 Galar videos have about 25 thousand).
+DEFAULT_MAX_EVENTS: int = 2_000_000
+#: The keys of one event in the challenge format.
+EVENT_KEYS: tuple[str, ...] = ("start", "end", "label")
+#: How many problems :func:`check_events` spells out before summarising the rest as a count.
+_SHOWN_PROBLEMS = 20
+
+_LABEL_SET = frozenset(LABELS)
+
+
+def _describe(value: Any) -> str:
+    """Type and short repr of a bad value, for messages."""
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def _is_frame(value: Any) -> bool:
+    # bool is an int subclass but never a frame; numpy integers are not JSON-serialisable as they are
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _video_ids(obj: Any) -> list[Any] | None:
+    if not isinstance(obj, Mapping) or not isinstance(obj.get("videos"), list):
+        return None
+    return [v.get("video_id") for v in obj["videos"] if isinstance(v, Mapping)]
+
+
+def validate_events(
+    obj: Any,
+    gt: Mapping[str, Any] | None = None,
+    max_events: int | None = DEFAULT_MAX_EVENTS,
+    max_problems: int | None = 1000,
+    strict: bool = True,
+) -> list[str]:
+    """List the problems of an event JSON object; an empty list means it is valid.
+
+    Checks: the top level is a dict with a ``"videos"`` list; each video is a dict with a non-empty string
+    ``video_id`` (unique in the file) and an ``"events"`` list; each event is a dict with the keys ``start``,
+    ``end`` and ``label`` (other keys are reported: the challenge format has only these three); ``start``
+    and ``end`` are non-negative integers (not bool, float or str) with ``start <= end``; ``label`` is a
+    list of distinct names from :data:`~monai_vce.labels.LABELS` (exact spelling, as the challenge's scorer
+    compares them). An empty ``label`` list is accepted: such an event takes part in no label's score (the
+    Galar ground truth has one). With ``gt``, video ids missing from ``obj`` or absent from ``gt``
+    are reported too (the challenge rejects a submission whose video ids differ from its ground truth).
+
+    Args:
+        obj: the parsed JSON object.
+        gt: optional ground-truth event JSON whose video ids ``obj`` must match exactly.
+        max_events: largest accepted total number of events; ``None`` for no limit.
+        max_problems: stop listing after this many problems and append one line counting the rest;
+            ``None`` lists all.
+        strict: report keys the challenge format does not have (e.g. an event's ``score``); with ``False``
+            they are tolerated (in-memory decoder output that :func:`to_challenge_format` strips at write time).
+
+    Returns:
+        One message per problem, e.g. ``"video '3' (videos[2]) event 7: start 120 > end 80"``.
+    """
+    problems: list[str] = []
+    extra = 0
+
+    def report(msg: str) -> None:
+        nonlocal extra
+        if max_problems is None or len(problems) < max_problems:
+            problems.append(msg)
+        else:
+            extra += 1
+
+    if not isinstance(obj, Mapping):
+        return [f"top level must be a dict with a 'videos' list, got {type(obj).__name__}"]
+    if "videos" not in obj:
+        return ["top level has no 'videos' key (expected {'videos': [...]})"]
+    videos = obj["videos"]
+    if not isinstance(videos, list):
+        return [f"'videos' must be a list, got {_describe(videos)}"]
+    for key in obj if strict else ():
+        if key != "videos":
+            report(f"unexpected top-level key {key!r} (the format has only 'videos')")
+
+    seen: dict[str, int] = {}
+    total = 0
+    for i, video in enumerate(videos):
+        where = f"videos[{i}]"
+        if not isinstance(video, Mapping):
+            report(f"{where}: must be a dict with 'video_id' and 'events', got {_describe(video)}")
+            continue
+        vid = video.get("video_id")
+        if "video_id" not in video:
+            report(f"{where}: missing key 'video_id'")
+        elif not isinstance(vid, str) or not vid:
+            report(f"{where}: 'video_id' must be a non-empty string, got {_describe(vid)}")
+        else:
+            where = f"video {vid!r} ({where})"
+            if vid in seen:
+                report(f"{where}: duplicate video id (first listed at videos[{seen[vid]}])")
+            else:
+                seen[vid] = i
+        for key in video if strict else ():
+            if key not in ("video_id", "events"):
+                report(f"{where}: unexpected key {key!r} (a video has only 'video_id' and 'events')")
+        if "events" not in video:
+            report(f"{where}: missing key 'events'")
+            continue
+        events = video["events"]
+        if not isinstance(events, list):
+            report(f"{where}: 'events' must be a list, got {_describe(events)}")
+            continue
+        total += len(events)
+        for j, event in enumerate(events):
+            at = f"{where} event {j}"
+            if not isinstance(event, Mapping):
+                report(f"{at}: must be a dict with 'start', 'end', 'label', got {_describe(event)}")
+                continue
+            missing = [k for k in EVENT_KEYS if k not in event]
+            if missing:
+                report(f"{at}: missing key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
+            for key in event if strict else ():
+                if key not in EVENT_KEYS:
+                    report(f"{at}: unexpected key {key!r} (an event has only 'start', 'end', 'label')")
+            frames_ok = True
+            for key in ("start", "end"):
+                if key not in event:
+                    frames_ok = False
+                    continue
+                value = event[key]
+                if not _is_frame(value):
+                    report(f"{at}: '{key}' must be an integer frame, got {_describe(value)}")
+                    frames_ok = False
+                elif value < 0:
+                    report(f"{at}: '{key}' must be non-negative, got {value}")
+                    frames_ok = False
+            if frames_ok and event["start"] > event["end"]:
+                report(f"{at}: start {event['start']} > end {event['end']}")
+            if "label" in event:
+                labels = event["label"]
+                if not isinstance(labels, list):
+                    report(f"{at}: 'label' must be a list of label names, got {_describe(labels)}")
+                else:
+                    for name in labels:
+                        if not isinstance(name, str) or name not in _LABEL_SET:
+                            report(f"{at}: unknown label {name!r}")
+                    hashable = [n for n in labels if isinstance(n, str)]
+                    if len(set(hashable)) != len(hashable):
+                        dup = sorted({n for n in hashable if hashable.count(n) > 1})
+                        report(f"{at}: label listed twice: {', '.join(map(repr, dup))}")
+    if max_events is not None and total > max_events:
+        report(f"{total} events in all, more than the limit of {max_events}")
+    if gt is not None:
+        gt_ids = _video_ids(gt)
+        if gt_ids is None:
+            report("the ground truth given for comparison is not an event JSON object")
+        else:
+            gt_set = {g for g in gt_ids if isinstance(g, str)}
+            for g in gt_ids:
+                if isinstance(g, str) and g not in seen:
+                    report(f"video {g!r}: in the ground truth but missing from the prediction")
+            for vid, i in seen.items():
+                if vid not in gt_set:
+                    report(f"video {vid!r} (videos[{i}]): not in the ground truth")
+    if extra:
+        problems.append(f"... and {extra} more problems not listed")
+    return problems
+
+
+def check_events(
+    obj: Any,
+    gt: Mapping[str, Any] | None = None,
+    source: str = "event JSON",
+    max_events: int | None = DEFAULT_MAX_EVENTS,
+    strict: bool = True,
+) -> Any:
+    """Raise ``ValueError`` listing the problems of an event JSON object (see :func:`validate_events`).
+
+    Args:
+        obj: the parsed JSON object.
+        gt: optional ground truth whose video ids ``obj`` must match.
+        source: the file name or role of ``obj``, named in the message.
+        max_events: largest accepted total number of events; ``None`` for no limit.
+        strict: report keys the challenge format does not have (see :func:`validate_events`).
+
+    Returns:
+        ``obj`` unchanged when valid, so the call can be chained.
+
+    Raises:
+        ValueError: one line per problem (the first 20, then a count of the rest).
+    """
+    problems = validate_events(obj, gt=gt, max_events=max_events, max_problems=None, strict=strict)
+    if problems:
+        shown = problems[:_SHOWN_PROBLEMS]
+        more = len(problems) - len(shown)
+        lines = [f"{source}: {len(problems)} problem{'s' if len(problems) > 1 else ''} in the event JSON:"]
+        lines += [f"  {p}" for p in shown]
+        if more:
+            lines.append(f"  ... and {more} more")
+        raise ValueError("\n".join(lines))
+    return obj
+
+
+def load_events(
+    path: str | os.PathLike,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+    max_events: int | None = DEFAULT_MAX_EVENTS,
+    validate: bool = True,
+) -> dict[str, Any]:
+    """Read an event JSON file.
+
+    Args:
+        path: the file.
+        max_bytes: refuse files larger than this before reading them (bounds memory); ``None`` for no limit.
+        max_events: refuse files with more events in all; ``None`` for no limit.
+        validate: also run :func:`check_events` on the content.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: the file is too large, unreadable, not UTF-8, not valid JSON (the message names the
+            line and column), or (with ``validate``) not a valid event JSON.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise FileNotFoundError(f"event file {path} not found") from None
+    except OSError as e:
+        raise ValueError(f"event file {path}: cannot read it ({e.strerror or e})") from None
+    if path.is_dir():
+        raise ValueError(f"event file {path} is a folder, expected a JSON file")
+    if max_bytes is not None and size > max_bytes:
+        raise ValueError(
+            f"event file {path} is {size / 1024**2:.1f} MiB, more than the limit of {max_bytes / 1024**2:.1f} MiB "
+            f"(raise max_bytes to read it)"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"event file {path} is not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise ValueError(f"event file {path}: cannot read it ({e.strerror or e})") from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"event file {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if max_events is not None and isinstance(obj, Mapping) and isinstance(obj.get("videos"), list):
+        total = sum(len(v["events"]) for v in obj["videos"] if isinstance(v, Mapping) and isinstance(v.get("events"), list))
+        if total > max_events:
+            raise ValueError(
+                f"event file {path} has {total} events, more than the limit of {max_events} (raise max_events to read it)"
+            )
+    if validate:
+        check_events(obj, source=str(path), max_events=max_events)
+    return obj
+
+
+def _plain_event(event: Any) -> Any:
+    if not isinstance(event, Mapping):
+        return event
+    out = {}
+    for key in EVENT_KEYS:
+        if key not in event:
+            continue
+        value = event[key]
+        if key == "label":
+            if isinstance(value, (tuple, np.ndarray)):
+                value = [str(v) if isinstance(v, np.str_) else v for v in list(value)]
+        elif isinstance(value, np.integer):
+            value = int(value)
+        out[key] = value
+    return out
+
+
+def to_challenge_format(obj: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> Any:
+    """Return a copy in the challenge format: only ``start``, ``end``, ``label`` per event.
+
+    Extra keys (such as the ``score`` used for ordering by the decoder) are dropped, numpy integers become
+    Python ints and label tuples or arrays become lists, so that the result serialises to JSON. Values of the
+    wrong kind (a float frame, a string label) are kept as they are for :func:`validate_events` to report.
+
+    Args:
+        obj: an event JSON object (``{"videos": [...]}``) or a list of events of one video.
+
+    Returns:
+        The converted copy, of the same kind as ``obj``.
+    """
+    if isinstance(obj, Mapping):
+        if not isinstance(obj.get("videos"), list):
+            return obj
+        videos = []
+        for v in obj["videos"]:
+            if isinstance(v, Mapping) and isinstance(v.get("events"), Sequence):
+                vid = v.get("video_id")
+                v = {"video_id": str(vid) if isinstance(vid, (np.str_, np.integer)) else vid,
+                     "events": [_plain_event(e) for e in v["events"]]}
+            videos.append(v)
+        return {"videos": videos}
+    return [_plain_event(e) for e in obj]
+
+
+def save_events(
+    path: str | os.PathLike,
+    obj: Mapping[str, Any],
+    gt: Mapping[str, Any] | None = None,
+    indent: int | None = 2,
+) -> Path:
+    """Write an event JSON file atomically after converting it with :func:`to_challenge_format` and validating it.
+
+    Args:
+        path: destination file.
+        obj: the event JSON object (extra event keys such as ``score`` are dropped).
+        gt: optional ground truth whose video ids the file must match.
+        indent: JSON indentation; ``None`` for the most compact form.
+
+    Returns:
+        The destination path.
+
+    Raises:
+        ValueError: the content is invalid; nothing is written then.
+    """
+    data = to_challenge_format(obj)
+    return atomic_write_json(
+        path, data, indent=indent, validate=lambda o: check_events(o, gt=gt, source=str(path), max_events=None)
+    )
