@@ -1,0 +1,87 @@
+"""Data components: the Galar reader, video-level splits, the generated mini-Galar, samplers and transforms."""
+
+from __future__ import annotations
+
+from .galar import (
+    GalarReport,
+    LabelTable,
+    VideoReport,
+    build_galar_datalist,
+    build_ground_truth,
+    build_inference_datalist,
+    discover_videos,
+    list_frames,
+    parse_frame_number,
+    read_label_csv,
+    read_metadata,
+    verify_frames,
+)
+from .splits import group_by_video, kfold_videos, split_videos, video_ids, video_label_presence
+
+__all__ = [
+    "GalarReport",
+    "LabelTable",
+    "VideoReport",
+    "build_galar_datalist",
+    "build_ground_truth",
+    "build_inference_datalist",
+    "discover_videos",
+    "list_frames",
+    "parse_frame_number",
+    "read_label_csv",
+    "read_metadata",
+    "verify_frames",
+    "group_by_video",
+    "kfold_videos",
+    "split_videos",
+    "video_ids",
+    "video_label_presence",
+    "generate_mini_galar",
+    "resample_timeline",
+    "DistributedSqrtFrequencySampler",
+    "SqrtFrequencySampler",
+    "label_frequency_weights",
+    "FrameCache",
+    "FrameCacheDataset",
+    "LoadVCEFrame",
+    "LoadVCEFramed",
+    "VCEPrepareBatch",
+    "load_vce_frame",
+    "RandHueSaturationd",
+    "vce_load_transforms",
+    "vce_train_transforms",
+    "vce_val_transforms",
+]
+
+# Imported on first use: the torch/MONAI-based modules, so that the reader and the generator stay light
+# (`python -m monai_vce.data.synthetic` starts in a fraction of a second), and the generator itself, so that
+# running it as __main__ does not import it twice.
+_LAZY = {
+    "generate_mini_galar": "synthetic",
+    "resample_timeline": "synthetic",
+    "DistributedSqrtFrequencySampler": "samplers",
+    "SqrtFrequencySampler": "samplers",
+    "label_frequency_weights": "samplers",
+    "FrameCache": "frame_cache",
+    "FrameCacheDataset": "frame_cache",
+    "LoadVCEFrame": "frames",
+    "LoadVCEFramed": "frames",
+    "VCEPrepareBatch": "frames",
+    "load_vce_frame": "frames",
+    "RandHueSaturationd": "transforms",
+    "vce_load_transforms": "transforms",
+    "vce_train_transforms": "transforms",
+    "vce_val_transforms": "transforms",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from importlib import import_module
+
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,468 @@
+"""A generated mini-Galar: real Galar label timelines, synthetic frames, in the Galar file layout.
+
+``python -m monai_vce.data.synthetic --out DIR --videos N --frames-per-video M --size S --seed K`` writes::
+
+    DIR/frames/<video_id>/frame_XXXXXX.PNG   (one video uses frame_XXXXXXX.png and an id like ukdd_navi_00001)
+    DIR/labels/<video_id>.csv                index, label columns (the 17 plus "bubbles" and "dirt"), frame
+    DIR/metadata.csv                         video_id, capsule, source_video, frame_rule
+    DIR/ground_truth.json                    challenge event JSON in index units (written last)
+
+Label timelines. Each video takes the timeline of one real Galar video from ``galar_events.json`` (the
+published ground truth of the 80 videos): videos are drawn in a seed-dependent order, greedily preferring
+those that add pathology labels not yet covered, so the set as a whole carries many pathologies. Each
+timeline is resampled to M frames by :func:`resample_timeline`, which keeps the order of the anatomical
+sections, their relative lengths and the label co-occurrence of the real video, and keeps short events
+(landmarks, small lesions) as at least ``min_event_frames`` frames. When the file cannot be found, a simple
+built-in generator (:func:`builtin_timeline`) is used instead and a warning says so.
+
+Frame numbers. Odd-numbered videos use ``frame = 5 * index + offset`` (offset 0-4), the others
+``frame = index``, as in Galar where some videos were annotated every 5th frame. Images are rendered by
+:mod:`monai_vce.data.render`. Everything depends only on the arguments: the same seed gives byte-identical
+files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from monai_vce.data.galar import _label_set_events, natural_key
+from monai_vce.data.render import CAPSULES, FrameNuisances, iter_render_video
+from monai_vce.labels import LABELS, NUM_LABELS, PATHOLOGY, SECTIONS
+from monai_vce.utils import OutputLock, atomic_write_json, atomic_write_text
+
+__all__ = [
+    "EVENTS_ENV",
+    "EXTRA_COLUMNS",
+    "find_galar_events",
+    "load_timelines",
+    "events_to_matrix",
+    "resample_timeline",
+    "select_source_videos",
+    "builtin_timeline",
+    "generate_mini_galar",
+    "main",
+]
+
+#: Environment variable naming the real ``galar_events.json`` when it is not at its default place.
+EVENTS_ENV = "MONAI_VCE_GALAR_EVENTS"
+#: Label columns written beyond the 17 (as the real CSVs carry more labels): frames showing bubbles/debris.
+EXTRA_COLUMNS: tuple[str, ...] = ("bubbles", "dirt")
+# column order of the written CSVs: not the LABELS order, with the extra labels in between, so readers
+# must match columns by name
+_CSV_LABELS: tuple[str, ...] = SECTIONS + ("z-line", "pylorus", "ileocecal valve", "bubbles", "dirt") + tuple(
+    sorted(PATHOLOGY, reverse=True)
+)
+_MARKER = ".mini_galar"
+_N_SEC = len(SECTIONS)
+
+
+def find_galar_events(path: str | os.PathLike | None = None) -> Path | None:
+    """Locate the real Galar ground truth ``galar_events.json``.
+
+    Args:
+        path: an explicit file; else the ``MONAI_VCE_GALAR_EVENTS`` environment variable; else
+            ``shared/data/galar_events.json`` beside the source checkout (``<checkout>/../shared/data``), then
+            under the current folder's parent.
+
+    Returns:
+        The file, or ``None`` when not found (an explicit ``path`` that does not exist raises).
+    """
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"Galar events file not found: {p}")
+        return p
+    env = os.environ.get(EVENTS_ENV)
+    if env:
+        p = Path(env)
+        if not p.is_file():
+            raise FileNotFoundError(f"{EVENTS_ENV}={env} does not name a file")
+        return p
+    candidates = [
+        Path(__file__).resolve().parents[3] / "shared" / "data" / "galar_events.json",
+        Path.cwd().parent / "shared" / "data" / "galar_events.json",
+    ]
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def load_timelines(path: str | os.PathLike) -> dict[str, list[dict]]:
+    """Read an event JSON (challenge format) into ``{video_id: events}`` in natural video order."""
+    with open(path, encoding="utf-8") as f:
+        obj = json.load(f)
+    try:
+        videos = {str(v["video_id"]): list(v["events"]) for v in obj["videos"]}
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not an event JSON of the challenge format ({e})") from None
+    return dict(sorted(videos.items(), key=lambda kv: natural_key(kv[0])))
+
+
+def events_to_matrix(events: Sequence[dict], n_frames: int | None = None) -> np.ndarray:
+    """Dense bool (T, 17) label matrix of an event list (``start``/``end`` inclusive, T = last end + 1)."""
+    t = int(n_frames if n_frames is not None else max((e["end"] for e in events), default=-1) + 1)
+    out = np.zeros((t, NUM_LABELS), dtype=bool)
+    lut = {name: i for i, name in enumerate(LABELS)}
+    for e in events:
+        cols = [lut[n] for n in e["label"] if n in lut]
+        if cols:
+            out[int(e["start"]) : int(e["end"]) + 1, cols] = True
+    return out
+
+
+def _runs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Runs of equal values of a 1-D array: (starts, lengths, values)."""
+    change = np.ones(len(x), dtype=bool)
+    change[1:] = x[1:] != x[:-1]
+    starts = np.flatnonzero(change)
+    lengths = np.diff(np.append(starts, len(x)))
+    return starts, lengths, x[starts]
+
+
+def _allocate(lengths: np.ndarray, minimum: np.ndarray, total: int) -> np.ndarray:
+    """Integer bins per run: proportional to ``lengths``, at least ``minimum``, summing to ``total``."""
+    target = lengths * total / lengths.sum()
+    n = np.maximum(np.floor(target).astype(np.int64), minimum)
+    while n.sum() < total:  # largest remainders first
+        n[np.argmax(target - n)] += 1
+    while n.sum() > total:  # take from the runs most above their share
+        slack = np.where(n > minimum, n - target, -np.inf)
+        n[np.argmax(slack)] -= 1
+    return n
+
+
+def resample_timeline(matrix: np.ndarray, n_frames: int, min_event_frames: int = 2) -> np.ndarray:
+    """Resample a real label timeline (T, 17) to ``n_frames`` frames, keeping short events.
+
+    Sections are resampled as a sequence of runs: each run gets a share of the frames proportional to its
+    length, the longest run of every section present gets at least ``min_event_frames`` frames (so a
+    20-frame mouth survives in a 30,000-frame video), and the runs keep their real order. This defines a
+    piecewise-linear map from output frames to real frame intervals; every other label is on in an output
+    frame when it covers at least half of that frame's real interval. An event of a landmark or pathology
+    that would vanish this way is kept as ``min_event_frames`` frames at its mapped position, longest
+    events first, up to about twice the label's real share of the video (at least two such events).
+
+    Args:
+        matrix: bool (T, 17) real label timeline.
+        n_frames: output length M.
+        min_event_frames: shortest length kept for short sections and events.
+
+    Returns:
+        bool (M, 17).
+    """
+    real = np.asarray(matrix, dtype=bool)
+    t, m = real.shape[0], int(n_frames)
+    if m < 1 or t < 1:
+        raise ValueError(f"cannot resample a timeline of {t} frames to {m} frames")
+    k = max(1, int(min_event_frames))
+    if m >= t:  # upsampling: nearest real frame
+        return real[np.minimum(((np.arange(m) + 0.5) * t / m).astype(np.int64), t - 1)].copy()
+
+    # section of each real frame (first section when several, -1 when none)
+    has_sec = real[:, :_N_SEC].any(axis=1)
+    sec = np.where(has_sec, real[:, :_N_SEC].argmax(axis=1), -1)
+    starts, lengths, values = _runs(sec)
+    minimum = np.zeros(len(starts), dtype=np.int64)
+    for v in np.unique(values[values >= 0]):
+        idx = np.flatnonzero(values == v)
+        minimum[idx[np.argmax(lengths[idx])]] = k
+    if minimum.sum() > m:  # too few frames for every section: keep the longest ones
+        keep = np.argsort(-lengths * (minimum > 0), kind="stable")[: m // k]
+        minimum[:] = 0
+        minimum[keep] = k
+    bins = _allocate(lengths.astype(np.float64), minimum, m)
+
+    # real interval [lo, hi) of every output frame
+    run_of_bin = np.repeat(np.arange(len(starts)), bins)
+    pos_in_run = np.arange(m) - np.repeat(np.cumsum(bins) - bins, bins)
+    scale = lengths[run_of_bin] / bins[run_of_bin]
+    lo = starts[run_of_bin] + pos_in_run * scale
+    hi = lo + scale
+    out = np.zeros((m, NUM_LABELS), dtype=bool)
+    sec_out = values[run_of_bin]
+    out[np.flatnonzero(sec_out >= 0), sec_out[sec_out >= 0]] = True
+
+    # other labels: majority of the real interval
+    cs = np.vstack([np.zeros((1, NUM_LABELS), np.int64), np.cumsum(real, axis=0)])
+    ilo = np.clip(np.floor(lo).astype(np.int64), 0, t - 1)
+    ihi = np.clip(np.maximum(np.ceil(hi).astype(np.int64), ilo + 1), 1, t)
+    cover = (cs[ihi] - cs[ilo]) / (ihi - ilo)[:, None]
+    out[:, _N_SEC:] = cover[:, _N_SEC:] >= 0.5
+
+    # output position of a real frame boundary x: monotone interpolation through the bin intervals
+    xs = np.stack([lo, hi], axis=1).ravel()
+    ys = np.stack([np.arange(m), np.arange(1, m + 1)], axis=1).ravel().astype(np.float64)
+    for c in range(_N_SEC, NUM_LABELS):
+        col = real[:, c]
+        if not col.any():
+            continue
+        s, ln, val = _runs(col.astype(np.int8))
+        s, ln = s[val == 1], ln[val == 1]
+        p0 = np.interp(s, xs, ys)
+        p1 = np.interp(s + ln, xs, ys)
+        a = np.clip(np.floor(p0).astype(np.int64), 0, m - 1)
+        b = np.clip(np.ceil(p1).astype(np.int64), a + 1, m)
+        on = np.concatenate([[0], np.cumsum(out[:, c])])
+        lost = np.flatnonzero(on[b] - on[a] == 0)
+        if not lost.size:
+            continue
+        budget = max(2 * k, int(np.ceil(2 * col.mean() * m)))
+        for i in sorted(lost, key=lambda i: (-ln[i], s[i])):
+            if budget <= 0:
+                break
+            centre = 0.5 * (p0[i] + p1[i])
+            first = int(np.clip(np.round(centre - k / 2), 0, m - k))
+            new = ~out[first : first + k, c]
+            out[first : first + k, c] = True
+            budget -= int(new.sum())
+    return out
+
+
+def select_source_videos(timelines: dict[str, list[dict]], n: int, seed: int) -> list[str]:
+    """Choose ``n`` real videos in a seed-dependent order, each adding a pathology not yet covered if any can.
+
+    Args:
+        timelines: ``{video_id: events}``.
+        n: number of videos wanted; when larger than the number available, videos are reused.
+        seed: selection seed.
+
+    Returns:
+        Source video ids, in the order they were chosen.
+    """
+    ids = list(timelines)
+    if not ids:
+        raise ValueError("no video timeline to choose from")
+    rng = np.random.default_rng([seed, 7])
+    path_set = set(PATHOLOGY)
+    has = {v: {lab for e in timelines[v] for lab in e["label"]} & path_set for v in ids}
+    chosen: list[str] = []
+    covered: set[str] = set()
+    while len(chosen) < n:
+        order = [ids[i] for i in rng.permutation(len(ids))]
+        pool = [v for v in order if v not in chosen] or order  # more videos wanted than exist: reuse
+        if covered >= set().union(*(has[v] for v in pool)):
+            covered = set()  # everything reachable is covered: start a new round
+        # the first video in the random order that adds a pathology not covered yet
+        best = next((v for v in pool if has[v] - covered), pool[0])
+        chosen.append(best)
+        covered |= has[best]
+    return chosen
+
+
+def builtin_timeline(n_frames: int, rng: np.random.Generator, min_event_frames: int = 2) -> np.ndarray:
+    """A simple timeline when the real annotations are unavailable.
+
+    Sections in gut order with random shares (mouth and esophagus about 1% each, stomach about 10%, small
+    intestine about half, colon the rest), a landmark of ``min_event_frames`` frames at each section
+    boundary, and 2-4 pathology events of 2 to ~4% of the video each, of random pathology labels.
+
+    Args:
+        n_frames: length M.
+        rng: random generator.
+        min_event_frames: length of landmarks and shortest events.
+
+    Returns:
+        bool (M, 17).
+    """
+    m = int(n_frames)
+    k = max(1, int(min_event_frames))
+    share = rng.dirichlet([1, 1, 10, 50, 38]) * 0.5 + np.array([1, 1, 10, 50, 38]) / 200
+    bins = _allocate(share * 1000.0, np.full(5, min(k, max(1, m // 5))), m)
+    out = np.zeros((m, NUM_LABELS), dtype=bool)
+    edges = np.concatenate([[0], np.cumsum(bins)])
+    for i in range(5):
+        out[edges[i] : edges[i + 1], i] = True
+    for j, name in enumerate(("z-line", "pylorus", "ileocecal valve")):
+        b = int(edges[j + 2])
+        out[max(0, b - k // 2) : min(m, b - k // 2 + k), LABELS.index(name)] = True
+    for _ in range(int(rng.integers(2, 5))):
+        c = LABELS.index(PATHOLOGY[int(rng.integers(len(PATHOLOGY)))])
+        length = max(k, int(m * rng.uniform(0.02, 0.04)))
+        s = int(rng.integers(edges[2], max(edges[2] + 1, m - length)))
+        out[s : s + length, c] = True
+    return out
+
+
+def _is_mini_galar(folder: Path) -> bool:
+    return (folder / _MARKER).is_file() or all(
+        (folder / n).exists() for n in ("frames", "labels", "metadata.csv", "ground_truth.json")
+    )
+
+
+def _prepare_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"output path {out} exists and is not a folder")
+    if out.is_dir() and any(p.name != OutputLock.name for p in out.iterdir()):
+        if not _is_mini_galar(out):
+            raise FileExistsError(
+                f"output folder {out} is not empty and does not hold a generated mini-Galar; "
+                f"choose an empty or new folder"
+            )
+        # a previous mini-Galar: replace it entirely so no stale frames or videos remain
+        for name in ("ground_truth.json", "metadata.csv", _MARKER):
+            (out / name).unlink(missing_ok=True)
+        for name in ("frames", "labels"):
+            if (out / name).is_dir():
+                shutil.rmtree(out / name)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _csv_text(index: np.ndarray, frame: np.ndarray, labels: np.ndarray, extras: dict[str, np.ndarray]) -> str:
+    cols = {name: labels[:, i] for i, name in enumerate(LABELS)}
+    cols.update(extras)
+    table = np.column_stack([index] + [cols[name].astype(np.int64) for name in _CSV_LABELS] + [frame])
+    body = "\n".join(",".join(map(str, row)) for row in table.tolist())
+    return ",".join(("index",) + _CSV_LABELS + ("frame",)) + "\n" + body + "\n"
+
+
+def generate_mini_galar(
+    out_dir: str | os.PathLike,
+    videos: int = 8,
+    frames_per_video: int = 300,
+    size: int = 64,
+    seed: int = 0,
+    *,
+    events_path: str | os.PathLike | None = None,
+    use_real_timelines: bool = True,
+    naming: str = "mixed",
+    min_event_frames: int = 2,
+) -> Path:
+    """Generate a mini-Galar dataset in the Galar layout.
+
+    Args:
+        out_dir: output folder; created, or replaced when it holds a previous mini-Galar (any other
+            non-empty folder is refused).
+        videos: number of videos N.
+        frames_per_video: frames per video M (label rows = images = M).
+        size: image side S in pixels (at least 8).
+        seed: seed; the same arguments give byte-identical files.
+        events_path: the real ``galar_events.json``; ``None`` looks for it (see :func:`find_galar_events`).
+        use_real_timelines: ``False`` forces the built-in timeline generator.
+        naming: ``"mixed"`` (default: the last of two or more videos uses the challenge test naming,
+            ``ukdd_navi_<n>`` with 7-digit lower-case ``frame_XXXXXXX.png``; the others Galar's 6-digit
+            ``frame_XXXXXX.PNG``), ``"galar"`` (all 6-digit) or ``"challenge"`` (all 7-digit).
+        min_event_frames: shortest length of short sections and events after resampling.
+
+    Returns:
+        ``out_dir`` as a :class:`~pathlib.Path`.
+    """
+    if videos < 1 or frames_per_video < 1:
+        raise ValueError(f"videos and frames_per_video must be positive, got {videos} and {frames_per_video}")
+    if naming not in ("mixed", "galar", "challenge"):
+        raise ValueError(f"naming must be 'mixed', 'galar' or 'challenge', got {naming!r}")
+    if size < 8:
+        raise ValueError(f"size must be at least 8 pixels, got {size}")
+    from PIL import Image
+
+    out = Path(out_dir)
+    timelines: dict[str, list[dict]] = {}
+    if use_real_timelines:
+        found = find_galar_events(events_path)
+        if found is None:
+            warnings.warn(
+                "galar_events.json not found (set MONAI_VCE_GALAR_EVENTS or pass events_path); "
+                "using the built-in timeline generator instead of real Galar timelines",
+                stacklevel=2,
+            )
+        else:
+            timelines = load_timelines(found)
+    sources = select_source_videos(timelines, videos, seed) if timelines else ["builtin"] * videos
+    capsule_names = list(CAPSULES)
+    _prepare_out(out)
+    with OutputLock(out):
+        (out / _MARKER).write_text("generated by monai_vce.data.synthetic\n")
+        gt_videos, meta_rows = [], []
+        for v in range(videos):
+            rng = np.random.default_rng([seed, v])
+            challenge = naming == "challenge" or (naming == "mixed" and videos >= 2 and v == videos - 1)
+            vid = f"ukdd_navi_{v + 1:05d}" if challenge else str(v + 1)
+            if timelines:
+                labels = resample_timeline(events_to_matrix(timelines[sources[v]]), frames_per_video, min_event_frames)
+            else:
+                labels = builtin_timeline(frames_per_video, rng, min_event_frames)
+            capsule = capsule_names[int(rng.integers(len(capsule_names)))]
+            index = np.arange(frames_per_video, dtype=np.int64)
+            if v % 2 == 1:
+                offset = int(rng.integers(0, 5))
+                frame = 5 * index + offset
+                rule = f"frame = 5 * index + {offset}"
+            else:
+                frame = index.copy()
+                rule = "frame = index"
+            nuisances = FrameNuisances(frames_per_video, rng)
+            folder = out / "frames" / vid
+            folder.mkdir(parents=True, exist_ok=True)
+            name = "frame_{:07d}.png" if challenge else "frame_{:06d}.PNG"
+            for start, images in iter_render_video(labels, size, rng, capsule, nuisances):
+                for j, im in enumerate(images):
+                    buf = io.BytesIO()
+                    Image.fromarray(im).save(buf, format="PNG", compress_level=1)
+                    # plain writes: frames are many and small; ground_truth.json, written last, marks completion
+                    (folder / name.format(int(frame[start + j]))).write_bytes(buf.getvalue())
+            extras = {"bubbles": nuisances.bubbles, "dirt": nuisances.dirt}
+            atomic_write_text(out / "labels" / f"{vid}.csv", _csv_text(index, frame, labels, extras))
+            gt_videos.append({"video_id": vid, "events": _label_set_events(labels.astype(np.float32), index)})
+            meta_rows.append(f"{vid},{capsule},{sources[v]},{rule}")
+        meta_text = "video_id,capsule,source_video,frame_rule\n" + "\n".join(meta_rows) + "\n"
+        atomic_write_text(out / "metadata.csv", meta_text)
+        atomic_write_json(out / "ground_truth.json", {"videos": gt_videos})
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line entry point (``python -m monai_vce.data.synthetic``)."""
+    p = argparse.ArgumentParser(
+        prog="python -m monai_vce.data.synthetic",
+        description="Generate a mini-Galar (real Galar label timelines, synthetic frames) in the Galar layout.",
+    )
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--videos", type=int, default=8, help="number of videos (default 8)")
+    p.add_argument("--frames-per-video", type=int, default=300, help="frames per video (default 300)")
+    p.add_argument("--size", type=int, default=64, help="image side in pixels (default 64)")
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--events", default=None, help="real galar_events.json (default: found automatically)")
+    p.add_argument("--builtin-timelines", action="store_true", help="do not use real Galar timelines")
+    p.add_argument("--naming", default="mixed", choices=("mixed", "galar", "challenge"), help="frame file naming")
+    p.add_argument("--min-event-frames", type=int, default=2, help="shortest kept event length (default 2)")
+    args = p.parse_args(argv)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            out = generate_mini_galar(
+                args.out,
+                videos=args.videos,
+                frames_per_video=args.frames_per_video,
+                size=args.size,
+                seed=args.seed,
+                events_path=args.events,
+                use_real_timelines=not args.builtin_timelines,
+                naming=args.naming,
+                min_event_frames=args.min_event_frames,
+            )
+        except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    out = out.resolve()
+    meta = [line.split(",") for line in (out / "metadata.csv").read_text().splitlines()[1:]]
+    sources = sorted({row[2] for row in meta}, key=natural_key)
+    print(f"mini-Galar: {args.videos} videos x {args.frames_per_video} frames of {args.size} px (seed {args.seed})")
+    print(f"timelines: {'built-in generator' if sources == ['builtin'] else 'real Galar videos ' + ', '.join(sources)}")
+    print(f"frames:       {out / 'frames'}")
+    print(f"labels:       {out / 'labels'}")
+    print(f"metadata:     {out / 'metadata.csv'}")
+    print(f"ground truth: {out / 'ground_truth.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

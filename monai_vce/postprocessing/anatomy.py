@@ -1,0 +1,201 @@
+"""Anatomy decoding: one section per frame along the gut, landmarks near section boundaries.
+
+A capsule passes mouth -> esophagus -> stomach -> small intestine -> colon. :func:`viterbi_sections` decodes
+exactly one section per frame with a left-to-right hidden Markov model whose transitions cost (in nats):
+
+- staying in a section: 0;
+- moving to the next section: ``switch_cost``;
+- moving forward by ``k > 1`` sections: ``switch_cost + (k - 1) * skip_cost``;
+- moving backward by ``k`` sections: ``k * backward_cost`` (rare, e.g. the capsule falling back from the
+  small intestine into the stomach: allowed only when the frame scores support it strongly).
+
+The emission score of section ``k`` at a frame is ``emission_weight * logit(p_k)`` (the log-likelihood of
+"only section ``k`` is true" under independent per-label Bernoulli outputs, up to a per-frame constant).
+Consecutive frames are strongly correlated, so an ``emission_weight`` below 1 keeps a burst of wrong frames
+from paying for a transition.
+
+The Viterbi recursion is sequential in time, so it is split into ``sqrt(T)`` chunks: the max-plus
+transfer matrix of every chunk is built for all chunks at once, a short pass over chunks gives each chunk's
+entry scores, and the in-chunk recursion and the backtracking run for all chunks at once. That is
+``O(sqrt(T))`` small numpy operations instead of ``T``.
+
+:func:`landmark_windows` allows each landmark (z-line, pylorus, ileocecal valve) only within ``window``
+frames of a decoded transition that crosses its boundary, and :func:`section_gate` allows a pathology only
+inside a set of plausible sections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from ..labels import LANDMARK_BOUNDARIES, SECTIONS
+
+__all__ = ["section_log_emissions", "transition_scores", "viterbi_sections", "landmark_windows", "section_gate"]
+
+_NEG = -1e30  # "impossible" in the max-plus algebra, finite so that sums never produce NaN
+_EPS = 1e-6
+
+
+def section_log_emissions(section_probs: np.ndarray, weight: float = 1.0) -> np.ndarray:
+    """Return ``weight * logit(p)`` of ``(T, S)`` section probabilities (clipped away from 0 and 1)."""
+    p = np.clip(np.asarray(section_probs, dtype=np.float64), _EPS, 1.0 - _EPS)
+    return weight * (np.log(p) - np.log1p(-p))
+
+
+def transition_scores(
+    num_states: int = len(SECTIONS), switch_cost: float = 20.0, skip_cost: float = 20.0, backward_cost: float = 60.0
+) -> np.ndarray:
+    """Return the ``(S, S)`` log-transition scores (row: from, column: to) of the left-to-right model."""
+    i = np.arange(num_states)[:, None]
+    j = np.arange(num_states)[None, :]
+    step = j - i
+    a = np.zeros((num_states, num_states))
+    fwd = step > 0
+    a[fwd] = -(switch_cost + (step[fwd] - 1) * skip_cost)
+    a[step < 0] = step[step < 0] * backward_cost
+    return a
+
+
+def viterbi_sections(
+    emissions: np.ndarray,
+    transitions: np.ndarray,
+    initial: np.ndarray | None = None,
+    allowed: np.ndarray | None = None,
+    chunk: int | None = None,
+) -> np.ndarray:
+    """Most likely state sequence of a small HMM, vectorised over chunks of frames.
+
+    Args:
+        emissions: ``(T, S)`` log-emission scores.
+        transitions: ``(S, S)`` log-transition scores, row = from state.
+        initial: ``(S,)`` log-scores of the first state; zeros when ``None``.
+        allowed: ``(S,)`` booleans; states marked ``False`` are never decoded (e.g. a section found absent).
+        chunk: frames per chunk; ``ceil(sqrt(T))`` when ``None``.
+
+    Returns:
+        ``(T,)`` int64 state indices.
+    """
+    e = np.asarray(emissions, dtype=np.float64)
+    if e.ndim != 2:
+        raise ValueError(f"emissions: expected a (T, S) array, got shape {e.shape}")
+    T, S = e.shape
+    a = np.asarray(transitions, dtype=np.float64)
+    if a.shape != (S, S):
+        raise ValueError(f"transitions: expected shape {(S, S)}, got {a.shape}")
+    init = np.zeros(S) if initial is None else np.asarray(initial, dtype=np.float64)
+    if allowed is not None:
+        allowed = np.asarray(allowed, dtype=bool)
+        if not allowed.any():
+            raise ValueError("viterbi_sections: at least one state must be allowed")
+        e = np.where(allowed[None, :], e, _NEG)
+    if T == 0:
+        return np.zeros(0, dtype=np.int64)
+    if T == 1:
+        return np.array([int(np.argmax(init + e[0]))])
+
+    # steps 1..T-1 are split into C chunks of L steps; padded steps have zero emission: staying there costs
+    # nothing and moving never gains, so they leave the optimum of the real steps unchanged
+    n = T - 1
+    L = int(chunk) if chunk else max(1, int(np.ceil(np.sqrt(n))))
+    C = int(np.ceil(n / L))
+    pad = C * L - n
+    e_steps = np.ascontiguousarray(np.concatenate([e[1:], np.zeros((pad, S))], axis=0).reshape(C, L, S).transpose(1, 0, 2))
+
+    # 1) transfer matrix of each chunk: best score from the state before the chunk to its last state;
+    #    the max-plus product is unrolled over the S intermediate states (contiguous (C, S, S) operations)
+    prod = np.full((C, S, S), _NEG)
+    for i in range(S):
+        prod[:, i, i] = 0.0
+    for t in range(L):
+        m = a[None, :, :] + e_steps[t][:, None, :]  # (C, S, S): from k to j at step t
+        new = prod[:, :, 0, None] + m[:, None, 0, :]
+        for k in range(1, S):
+            np.maximum(new, prod[:, :, k, None] + m[:, None, k, :], out=new)
+        prod = new
+
+    # 2) entry scores of each chunk, one tiny step per chunk
+    entry = np.empty((C, S))
+    d = init + e[0]
+    for c in range(C):
+        entry[c] = d
+        d = (d[:, None] + prod[c]).max(axis=0)
+    last = int(np.argmax(d))
+
+    # 3) in-chunk recursion for all chunks at once, keeping back-pointers
+    back = np.empty((L, C, S), dtype=np.int8)
+    d = entry
+    for t in range(L):
+        best = d[:, 0, None] + a[0][None, :]
+        arg = np.zeros((C, S), dtype=np.int8)
+        for i in range(1, S):
+            cand = d[:, i, None] + a[i][None, :]
+            better = cand > best
+            best = np.where(better, cand, best)
+            arg[better] = i
+        back[t] = arg
+        d = best + e_steps[t]
+
+    # 4) backtracking: compose each chunk's back-pointers (exit state -> state before the chunk)
+    comp = np.broadcast_to(np.arange(S), (C, S)).copy()
+    for t in range(L - 1, -1, -1):
+        comp = np.take_along_axis(back[t], comp, axis=1)
+    exit_state = np.empty(C, dtype=np.int64)
+    state = last
+    for c in range(C - 1, -1, -1):
+        exit_state[c] = state
+        state = int(comp[c, state])
+    first = state
+    path = np.empty((C, L), dtype=np.int64)
+    cur = exit_state.copy()
+    rows = np.arange(C)
+    for t in range(L - 1, -1, -1):
+        path[:, t] = cur
+        cur = back[t, rows, cur].astype(np.int64)
+    return np.concatenate([[first], path.reshape(-1)[:n]])
+
+
+def _cover(T: int, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """Boolean (T,) mask covering the union of half-open intervals, clipped to [0, T)."""
+    delta = np.zeros(T + 1, dtype=np.int64)
+    np.add.at(delta, np.clip(starts, 0, T), 1)
+    np.add.at(delta, np.clip(stops, 0, T), -1)
+    return np.cumsum(delta[:T]) > 0
+
+
+def landmark_windows(
+    sections: np.ndarray, windows: Mapping[str, int] | int = 50, section_names: Sequence[str] = SECTIONS
+) -> dict[str, np.ndarray]:
+    """Frames where each landmark is allowed: within ``window`` frames of a transition crossing its boundary.
+
+    Args:
+        sections: ``(T,)`` decoded section indices (positions in ``section_names``).
+        windows: frames allowed on each side of the transition, per landmark name or one for all.
+        section_names: the section order used by ``sections``.
+
+    Returns:
+        ``{landmark: (T,) bool}``; all ``False`` when no decoded transition crosses the landmark's boundary.
+    """
+    sections = np.asarray(sections, dtype=np.int64)
+    T = sections.shape[0]
+    t = np.flatnonzero(np.diff(sections) != 0) + 1  # first frame of each new section
+    lo = np.minimum(sections[t - 1], sections[t]) if t.size else np.zeros(0, np.int64)
+    hi = np.maximum(sections[t - 1], sections[t]) if t.size else np.zeros(0, np.int64)
+    out = {}
+    for name, (before, after) in LANDMARK_BOUNDARIES.items():
+        w = int(windows[name] if isinstance(windows, Mapping) else windows)
+        b = section_names.index(before)  # the boundary lies between positions b and b + 1
+        if section_names.index(after) != b + 1:
+            raise ValueError(f"landmark {name!r}: sections {before!r} and {after!r} are not consecutive")
+        sel = t[(lo <= b) & (hi >= b + 1)]
+        out[name] = _cover(T, sel - w, sel + w)
+    return out
+
+
+def section_gate(
+    sections: np.ndarray, allowed_sections: Sequence[str], section_names: Sequence[str] = SECTIONS
+) -> np.ndarray:
+    """``(T,)`` mask of frames whose decoded section is one of ``allowed_sections``."""
+    idx = [section_names.index(s) for s in allowed_sections]
+    return np.isin(np.asarray(sections), idx)

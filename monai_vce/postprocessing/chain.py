@@ -1,0 +1,242 @@
+"""The paper's post-processing chain, vectorised over all frames and classes.
+
+The chain turns per-frame probabilities ``(T, C)`` into a boolean activity mask ``(T, C)`` with four steps,
+each with one parameter per class:
+
+``"threshold"``
+    ``p >= threshold[c]``.
+``"median"``
+    a running median along time with an odd window per class (``1`` disables it for that class). When it
+    runs after ``"threshold"`` it filters the binary mask (a majority vote over the window, computed with a
+    running sum); when it runs before ``"threshold"`` it filters the probabilities
+    (``scipy.ndimage.median_filter``). The paper lists the steps as threshold -> median -> gaps -> length,
+    so its median filters the binary mask; both are available through ``order``. A running median commutes
+    with a threshold (it is a stack filter), so with the same window and threshold both placements give the
+    same mask; the binary path is the faster one.
+``"fill_gaps"``
+    inactive runs of at most ``max_gap[c]`` frames that lie between two active runs become active
+    (``0`` disables it). Gaps touching the start or end of the video are never filled.
+``"min_length"``
+    active runs shorter than ``min_length[c]`` frames are removed (``0`` or ``1`` disables it).
+
+:data:`PAPER_ORDER` is the paper's order. The paper's public code differs in the order of the last steps,
+so the order is a parameter: any permutation of a subset of the step names that contains ``"threshold"``.
+Run-length steps use one pass over the run boundaries of all classes at once (no loop over frames).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.ndimage import median_filter
+
+__all__ = [
+    "CHAIN_STEPS",
+    "PAPER_ORDER",
+    "PAPER_PARAMS",
+    "as_per_class",
+    "threshold_mask",
+    "median_probs",
+    "median_mask",
+    "fill_gaps",
+    "remove_short_runs",
+    "apply_chain",
+    "run_bounds",
+]
+
+#: Names of the steps :func:`apply_chain` understands.
+CHAIN_STEPS: tuple[str, ...] = ("median", "threshold", "fill_gaps", "min_length")
+#: The order in which the paper describes its chain.
+PAPER_ORDER: tuple[str, ...] = ("threshold", "median", "fill_gaps", "min_length")
+#: The paper's parameters, the same for every class.
+PAPER_PARAMS: dict[str, float | int] = {"threshold": 0.5, "median_window": 7, "max_gap": 5, "min_length": 3}
+
+
+def as_per_class(value: float | int | Sequence | np.ndarray, num_classes: int, name: str, dtype=float) -> np.ndarray:
+    """Broadcast a scalar or a per-class sequence to a ``(num_classes,)`` array, checking its length."""
+    arr = np.asarray(value, dtype=dtype)
+    if arr.ndim == 0:
+        return np.full(num_classes, arr, dtype=dtype)
+    if arr.shape != (num_classes,):
+        raise ValueError(f"{name}: expected a scalar or {num_classes} per-class values, got shape {arr.shape}")
+    return arr
+
+
+def _check_2d(x: np.ndarray, name: str) -> np.ndarray:
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"{name}: expected a (T, C) array, got shape {x.shape}")
+    return x
+
+
+def threshold_mask(probs: np.ndarray, thresholds: float | Sequence[float] | np.ndarray) -> np.ndarray:
+    """Return ``probs >= thresholds`` with one threshold per class (column)."""
+    probs = _check_2d(probs, "probs")
+    thr = as_per_class(thresholds, probs.shape[1], "thresholds")
+    return probs >= thr[None, :]
+
+
+def _check_windows(windows: np.ndarray) -> np.ndarray:
+    windows = windows.astype(np.int64)
+    if np.any(windows < 1) or np.any(windows % 2 == 0):
+        raise ValueError(f"median windows must be odd and >= 1, got {windows.tolist()}")
+    return windows
+
+
+def median_probs(probs: np.ndarray, windows: int | Sequence[int] | np.ndarray) -> np.ndarray:
+    """Running median of the probabilities along time, one odd window per class; edges repeat the end value.
+
+    Classes sharing a window are filtered in one ``scipy.ndimage.median_filter`` call.
+    """
+    probs = _check_2d(probs, "probs")
+    win = _check_windows(as_per_class(windows, probs.shape[1], "median windows", dtype=np.int64))
+    out = np.array(probs, dtype=np.float32 if probs.dtype == np.float32 else np.float64, copy=True)
+    for w in np.unique(win):
+        if w <= 1:
+            continue
+        cols = np.flatnonzero(win == w)
+        out[:, cols] = median_filter(out[:, cols], size=(int(w), 1), mode="nearest")
+    return out
+
+
+def median_mask(mask: np.ndarray, windows: int | Sequence[int] | np.ndarray) -> np.ndarray:
+    """Running median of a binary mask along time (a majority vote over an odd window per class).
+
+    Equal to ``scipy.ndimage.median_filter(mask, size=(w, 1), mode="nearest")`` per class, computed with
+    one cumulative sum for all classes.
+    """
+    mask = _check_2d(mask, "mask").astype(bool)
+    T, C = mask.shape
+    win = _check_windows(as_per_class(windows, C, "median windows", dtype=np.int64))
+    if T == 0 or np.all(win <= 1):
+        return mask.copy()
+    half = win // 2
+    hmax = int(half.max())
+    # edge mode "nearest": repeat the first / last frame
+    padded = np.concatenate([np.repeat(mask[:1], hmax, 0), mask, np.repeat(mask[-1:], hmax, 0)], axis=0)
+    csum = np.zeros((T + 2 * hmax + 1, C), dtype=np.int32)
+    np.cumsum(padded, axis=0, out=csum[1:])
+    out = np.empty((T, C), dtype=bool)
+    for w in np.unique(win):
+        cols = np.flatnonzero(win == w)
+        h = int(w) // 2
+        # window sum over frames t-h..t+h = csum[t+hmax+h+1] - csum[t+hmax-h]
+        hi = csum[hmax + h + 1 : hmax + h + 1 + T, cols]
+        lo = csum[hmax - h : hmax - h + T, cols]
+        out[:, cols] = (hi - lo) > h
+    keep = win <= 1
+    if keep.any():
+        out[:, keep] = mask[:, keep]
+    return out
+
+
+def run_bounds(mask: np.ndarray, value: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return the runs of ``value`` in every column of a ``(T, C)`` mask.
+
+    Returns:
+        ``(cls, start, stop)``: class index, first frame and one-past-last frame of each run, ordered by
+        class then time.
+    """
+    mask = _check_2d(mask, "mask").astype(bool)
+    T, C = mask.shape
+    m = mask if value else ~mask
+    # pad one False frame on both sides of each class so that every run has a rising and a falling edge
+    padded = np.zeros((C, T + 2), dtype=np.int8)
+    padded[:, 1:-1] = m.T
+    d = np.diff(padded, axis=1)
+    cls_s, start = np.nonzero(d == 1)
+    _, stop = np.nonzero(d == -1)
+    return cls_s, start, stop
+
+
+def _set_runs(mask: np.ndarray, cls: np.ndarray, start: np.ndarray, stop: np.ndarray, value: bool) -> np.ndarray:
+    """Set the given runs of a (T, C) mask to ``value`` without a loop over runs."""
+    T, C = mask.shape
+    out = mask.copy()
+    if cls.size == 0:
+        return out
+    delta = np.zeros((C, T + 1), dtype=np.int32)
+    # runs of one value never touch, so the (class, frame) positions below are unique
+    delta[cls, start] += 1
+    delta[cls, stop] -= 1
+    cover = np.cumsum(delta[:, :T], axis=1).T > 0
+    out[cover] = value
+    return out
+
+
+def fill_gaps(mask: np.ndarray, max_gaps: int | Sequence[int] | np.ndarray) -> np.ndarray:
+    """Activate inactive runs of at most ``max_gaps[c]`` frames lying between two active runs of class ``c``."""
+    mask = _check_2d(mask, "mask").astype(bool)
+    T, C = mask.shape
+    gaps = as_per_class(max_gaps, C, "max gaps", dtype=np.int64)
+    if np.any(gaps < 0):
+        raise ValueError(f"max gaps must be >= 0, got {gaps.tolist()}")
+    cls, start, stop = run_bounds(mask, value=False)
+    interior = (start > 0) & (stop < T)
+    sel = interior & ((stop - start) <= gaps[cls])
+    return _set_runs(mask, cls[sel], start[sel], stop[sel], True)
+
+
+def remove_short_runs(mask: np.ndarray, min_lengths: int | Sequence[int] | np.ndarray) -> np.ndarray:
+    """Deactivate active runs shorter than ``min_lengths[c]`` frames."""
+    mask = _check_2d(mask, "mask").astype(bool)
+    T, C = mask.shape
+    lens = as_per_class(min_lengths, C, "min lengths", dtype=np.int64)
+    if np.any(lens < 0):
+        raise ValueError(f"min lengths must be >= 0, got {lens.tolist()}")
+    cls, start, stop = run_bounds(mask, value=True)
+    sel = (stop - start) < lens[cls]
+    return _set_runs(mask, cls[sel], start[sel], stop[sel], False)
+
+
+def _check_order(order: Sequence[str]) -> tuple[str, ...]:
+    order = tuple(order)
+    unknown = [s for s in order if s not in CHAIN_STEPS]
+    if unknown:
+        raise ValueError(f"unknown chain step(s) {unknown}; expected names from {list(CHAIN_STEPS)}")
+    if len(set(order)) != len(order):
+        raise ValueError(f"chain order repeats a step: {list(order)}")
+    if "threshold" not in order:
+        raise ValueError(f"chain order must contain 'threshold': {list(order)}")
+    return order
+
+
+def apply_chain(
+    probs: np.ndarray,
+    thresholds: float | Sequence[float] | np.ndarray = 0.5,
+    median_windows: int | Sequence[int] | np.ndarray = 7,
+    max_gaps: int | Sequence[int] | np.ndarray = 5,
+    min_lengths: int | Sequence[int] | np.ndarray = 3,
+    order: Sequence[str] = PAPER_ORDER,
+) -> np.ndarray:
+    """Run the chain on ``(T, C)`` probabilities and return the ``(T, C)`` boolean activity mask.
+
+    Args:
+        probs: per-frame probabilities, frames along axis 0.
+        thresholds: one threshold per class, or one for all.
+        median_windows: odd median window per class (``1`` disables the step for that class).
+        max_gaps: longest gap filled per class (``0`` disables).
+        min_lengths: shortest run kept per class (``0``/``1`` disable).
+        order: the steps to run, in order (see the module docstring); a step left out is skipped.
+    """
+    probs = _check_2d(probs, "probs")
+    order = _check_order(order)
+    C = probs.shape[1]
+    x: np.ndarray = probs
+    binary = False
+    for step in order:
+        if step == "threshold":
+            x = threshold_mask(x, thresholds)
+            binary = True
+        elif step == "median":
+            x = median_mask(x, median_windows) if binary else median_probs(x, median_windows)
+        elif step == "fill_gaps":
+            if not binary:
+                raise ValueError("'fill_gaps' needs a binary mask: put it after 'threshold' in the order")
+            x = fill_gaps(x, as_per_class(max_gaps, C, "max gaps", dtype=np.int64))
+        elif step == "min_length":
+            if not binary:
+                raise ValueError("'min_length' needs a binary mask: put it after 'threshold' in the order")
+            x = remove_short_runs(x, as_per_class(min_lengths, C, "min lengths", dtype=np.int64))
+    return x

@@ -1,0 +1,164 @@
+"""Presence gating: decide per video and label whether the label occurs at all.
+
+The challenge scores a label that a video lacks with AP 1.0 when nothing predicts it and 0.0 otherwise, and a
+video lacks on average 7 of the 17 labels. So a label is emitted in a video only when a per-label *presence
+rule* says it is there. A rule compares one per-video summary of the label's scores with a cutoff:
+
+``"peak"``
+    the maximum over frames of the probability averaged over ``window`` frames (a short burst of
+    isolated high frames does not count);
+``"quantile"``
+    the ``q``-quantile of the per-frame probability over the video;
+``"support"``
+    the number of frames active after the decoding chain;
+``"none"``
+    no gating (the label is always considered present);
+``"never"``
+    the label is never emitted (fitted when emitting it loses more AP on validation than it gains).
+
+The label is present when ``feature >= cutoff``. :func:`fit_presence_rule` chooses the feature and the cutoff
+that maximise a label's mean AP over validation videos, given the AP each video would get with the label
+emitted; this is exact for that label because a gated-out label scores 1.0 or 0.0 regardless of anything else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["PRESENCE_FEATURES", "DEFAULT_CANDIDATE_RULES", "presence_features", "apply_presence_rules", "fit_presence_rule"]
+
+PRESENCE_FEATURES: tuple[str, ...] = ("none", "never", "peak", "quantile", "support")
+
+#: Feature settings tried by :func:`fit_presence_rule` (the cutoff is fitted for each).
+DEFAULT_CANDIDATE_RULES: tuple[dict[str, Any], ...] = (
+    {"feature": "peak", "window": 1},
+    {"feature": "peak", "window": 9},
+    {"feature": "peak", "window": 31},
+    {"feature": "quantile", "q": 0.99},
+    {"feature": "quantile", "q": 0.999},
+    {"feature": "support"},
+)
+
+
+def _moving_mean_max(probs: np.ndarray, window: int) -> np.ndarray:
+    """Per-class maximum over time of the running mean over ``window`` frames (all frames when shorter)."""
+    T = probs.shape[0]
+    w = int(max(1, min(window, T)))
+    if w == 1:
+        return probs.max(axis=0)
+    csum = np.zeros((T + 1, probs.shape[1]))
+    np.cumsum(probs, axis=0, out=csum[1:])
+    return ((csum[w:] - csum[:-w]) / w).max(axis=0)
+
+
+def presence_features(probs: np.ndarray, mask: np.ndarray, rule: Mapping[str, Any], columns: Sequence[int] | None = None) -> np.ndarray:
+    """Compute one rule's feature for some classes of a video.
+
+    Args:
+        probs: ``(T, C)`` probabilities.
+        mask: ``(T, C)`` activity mask after the chain (used by ``"support"``).
+        rule: a rule dict with ``"feature"`` and its settings (``"window"``, ``"q"``).
+        columns: the classes to compute; all when ``None``.
+
+    Returns:
+        ``(len(columns),)`` feature values (``inf`` for ``"none"``); ``-inf`` for an empty video.
+    """
+    cols = np.arange(probs.shape[1]) if columns is None else np.asarray(columns)
+    feature = rule.get("feature", "none")
+    if feature == "none":
+        return np.full(cols.size, np.inf)
+    if feature == "never":
+        return np.full(cols.size, -np.inf)
+    if probs.shape[0] == 0:
+        return np.full(cols.size, -np.inf)
+    p = probs[:, cols]
+    if feature == "peak":
+        return _moving_mean_max(p.astype(np.float64), int(rule.get("window", 1)))
+    if feature == "quantile":
+        return np.quantile(p, float(rule.get("q", 0.99)), axis=0)
+    if feature == "support":
+        return mask[:, cols].sum(axis=0).astype(np.float64)
+    raise ValueError(f"unknown presence feature {feature!r}; expected one of {list(PRESENCE_FEATURES)}")
+
+
+def apply_presence_rules(probs: np.ndarray, mask: np.ndarray, rules: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """Return the ``(C,)`` boolean presence of each class of one video under per-class ``rules``.
+
+    Classes sharing a rule setting are computed together.
+    """
+    C = probs.shape[1]
+    if len(rules) != C:
+        raise ValueError(f"expected {C} presence rules, got {len(rules)}")
+    present = np.ones(C, dtype=bool)
+    groups: dict[tuple, list[int]] = {}
+    for c, rule in enumerate(rules):
+        feature = rule.get("feature", "none")
+        if feature == "none":
+            continue
+        if feature == "never":
+            present[c] = False
+            continue
+        key = (rule["feature"], rule.get("window"), rule.get("q"))
+        groups.setdefault(key, []).append(c)
+    for cols in groups.values():
+        f = presence_features(probs, mask, rules[cols[0]], cols)
+        cut = np.array([float(rules[c]["cutoff"]) for c in cols])
+        present[cols] = f >= cut
+    return present
+
+
+def fit_presence_rule(
+    features: Mapping[str, np.ndarray] | Sequence[tuple[Mapping[str, Any], np.ndarray]],
+    ap_present: np.ndarray,
+    absent: np.ndarray,
+    min_gain: float = 0.0,
+) -> tuple[dict[str, Any], float]:
+    """Fit one label's presence rule on validation videos.
+
+    Args:
+        features: pairs ``(rule settings, (V,) feature values)``, one per candidate feature.
+        ap_present: ``(V,)`` AP of the label in each video when it is emitted (not gated).
+        absent: ``(V,)`` True where the video's ground truth lacks the label (AP 1.0 when gated out).
+        min_gain: how much a rule with a cutoff must beat the better of ``"never"`` and ``"none"`` (in mean
+            AP) to be chosen, and ``"none"`` must beat ``"never"``; a guard against cutoffs fitted to a few
+            validation videos.
+
+    Returns:
+        ``(rule, mean AP)``: the best rule with its cutoff half-way between the two validation values it
+        separates, and the mean validation AP it reaches.
+    """
+    ap_present = np.asarray(ap_present, dtype=np.float64)
+    gated_ap = np.asarray(absent, dtype=np.float64)
+    V = ap_present.size
+    if V == 0:
+        return {"feature": "none"}, 0.0
+    never, none = float(gated_ap.mean()), float(ap_present.mean())
+    best_rule: dict[str, Any]
+    if none > never + min_gain:
+        best_rule, best = {"feature": "none"}, none
+    else:
+        best_rule, best = {"feature": "never"}, never
+    base = max(never, none)
+    items = features.items() if isinstance(features, Mapping) else features
+    for settings, values in items:
+        f = np.asarray(values, dtype=np.float64)
+        order = np.argsort(f, kind="stable")
+        fs = f[order]
+        # cutoff between fs[k-1] and fs[k]: videos order[:k] are gated out, order[k:] emitted
+        gained = np.concatenate([[0.0], np.cumsum(gated_ap[order])])
+        kept = np.concatenate([np.cumsum(ap_present[order][::-1])[::-1], [0.0]])
+        score = (gained + kept) / V
+        # only interior cuts between distinct values (the ends are "none" and "never")
+        valid = np.zeros(V + 1, dtype=bool)
+        valid[1:V] = fs[1:] > fs[:-1]
+        if not valid.any():
+            continue
+        score = np.where(valid, score, -np.inf)
+        k = int(np.argmax(score))
+        if score[k] > max(best, base + min_gain) + 1e-12:
+            best = float(score[k])
+            best_rule = {**dict(settings), "cutoff": float(0.5 * (fs[k - 1] + fs[k]))}
+    return best_rule, best

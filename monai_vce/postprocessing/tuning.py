@@ -1,0 +1,371 @@
+"""Fitting the decoder's parameters on validation videos by maximising the temporal mAP itself.
+
+:func:`tune_decoder` runs coordinate ascent over per-label parameter grids (threshold, median window, longest
+filled gap, shortest kept run) and fits each label's presence rule for every candidate, scoring candidates
+with the challenge's own AP (:func:`monai_vce.metrics.average_precision`).
+
+The approximation. The overall mAP is a mean over labels, but with label-set composition the labels are
+coupled: a label's predicted segments are split wherever another label switches, and the confidence order
+of an event depends on all its labels. Each coordinate step therefore scores *one* label exactly given the
+current decoding of the other sixteen (its segments are split at their switches and ranked with the
+decoder's ``ranking`` rule using their probabilities), but ignores how the candidate changes the other
+labels' segments (the fragments it cuts into them). Those effects are picked up by the next label's step and
+the next round. Presence gating is exact for the label under study (a gated-out label scores 1.0 or 0.0
+whatever else happens). With anatomy decoding on, the sections come from a Viterbi decode over all sections
+(decoder's anatomy settings), only their presence rules are fitted, and landmark / pathology candidates are
+gated with those sections. Finally the ranking rule is chosen by the full composed score of the decoder on
+the validation videos (:func:`monai_vce.metrics.temporal_map`), which is also recorded in
+``params["fit"]``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..labels import LABELS, NUM_LABELS, SECTIONS
+from ..metrics.temporal_map import average_precision, temporal_map
+from .anatomy import landmark_windows, section_gate
+from .chain import apply_chain
+from .decoder import RANKINGS, DecoderParams, EventDecoder, check_probabilities, decode_videos
+from .gating import DEFAULT_CANDIDATE_RULES, presence_features, fit_presence_rule
+
+__all__ = ["DEFAULT_GRIDS", "tune_decoder", "label_segments"]
+
+#: Candidate values of each per-label chain parameter.
+DEFAULT_GRIDS: dict[str, tuple] = {
+    "threshold": (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
+    "median_window": (1, 5, 9, 15, 25, 51),
+    "max_gap": (0, 2, 5, 10, 20, 50),
+    "min_length": (0, 3, 5, 10, 20, 50),
+}
+
+_BITS = np.left_shift(np.int64(1), np.arange(NUM_LABELS, dtype=np.int64))
+_SECTION_SET = set(SECTIONS)
+
+
+def label_segments(column: np.ndarray, breaks: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Runs of a ``(T, K)`` boolean mask, split where ``breaks`` (``(T,)``: "frame t starts a new event") is set.
+
+    Returns:
+        ``(col, first, last)`` arrays of run column, first row and last row (inclusive), ordered by column then
+        time.
+    """
+    m = np.asarray(column, dtype=bool)
+    T, K = m.shape
+    prev = np.zeros_like(m)
+    prev[1:] = m[:-1]
+    nxt = np.zeros_like(m)
+    nxt[:-1] = m[1:]
+    start = m & ~prev
+    end = m & ~nxt
+    if breaks is not None:
+        b = np.asarray(breaks, dtype=bool)
+        start |= m & b[:, None]
+        b_next = np.zeros(T, dtype=bool)
+        b_next[:-1] = b[1:]
+        end |= m & b_next[:, None]
+    ks, firsts = np.nonzero(start.T)
+    _, lasts = np.nonzero(end.T)
+    return ks, firsts, lasts
+
+
+class _Video:
+    """One validation video with the per-label data the coordinate steps need."""
+
+    def __init__(self, probs: np.ndarray, frame_ids: np.ndarray, gt_events: Sequence[Mapping[str, Any]], name: str):
+        self.name = name
+        self.probs, self.frame_ids = check_probabilities(probs, frame_ids, name)
+        self.T = self.probs.shape[0]
+        index = {n: i for i, n in enumerate(LABELS)}
+        segs: list[list[tuple[int, int]]] = [[] for _ in LABELS]
+        for j, e in enumerate(gt_events):
+            try:
+                for n in e["label"]:
+                    segs[index[n]].append((int(e["start"]), int(e["end"])))
+            except (KeyError, TypeError):
+                raise ValueError(f"video {name!r}: ground-truth event {j} is not a valid event: {e!r}") from None
+        self.gt = [np.asarray(s, dtype=np.int64).reshape(-1, 2) for s in segs]
+        self.absent = np.array([len(s) == 0 for s in segs])
+        self.csum = np.zeros((self.T + 1, NUM_LABELS))
+        np.cumsum(self.probs, axis=0, out=self.csum[1:])
+        self.mask: np.ndarray | None = None
+        self.sections: np.ndarray | None = None
+
+
+def _score_columns(
+    v: _Video,
+    label: int,
+    cols: np.ndarray,
+    breaks: np.ndarray | None,
+    others: np.ndarray,
+    csum: np.ndarray,
+    ranking: str,
+    ths: tuple[float, ...],
+) -> np.ndarray:
+    """AP ``(K, len(ths))`` of label ``label`` in video ``v`` for K candidate columns ``(T, K)``."""
+    K = cols.shape[1]
+    ks, first, last = label_segments(cols, breaks)
+    out = np.empty((K, len(ths)))
+    if ks.size == 0:
+        out[:] = 1.0 if v.absent[label] else 0.0
+        return out
+    length = (last - first + 1)[:, None]
+    if ranking == "none":
+        key = -first.astype(np.float64)
+    else:
+        mean = (csum[last + 1] - csum[first]) / length  # (N, 17)
+        member = others[first].copy()  # the other labels of the event (constant over a label-set run)
+        member[:, label] = True
+        if ranking == "mean":
+            key = (mean * member).sum(1) / member.sum(1)
+        elif ranking == "max":
+            key = np.where(member, mean, -np.inf).max(1)
+        else:
+            key = np.where(member, mean, np.inf).min(1)
+    # group by candidate, then most confident first (ties in time order)
+    order = np.lexsort((first, -key, ks))
+    ks, first, last = ks[order], first[order], last[order]
+    bounds = np.searchsorted(ks, np.arange(K + 1))
+    segs = np.stack([v.frame_ids[first], v.frame_ids[last]], axis=1)
+    for k in range(K):
+        out[k] = average_precision(v.gt[label], segs[bounds[k] : bounds[k + 1]], ths)
+    return out
+
+
+class _Tuner:
+    def __init__(self, videos: list[_Video], params: DecoderParams, ths, weights, rules, grids, log):
+        self.videos = videos
+        self.params = params
+        self.ths = ths
+        self.weights = np.asarray(weights, dtype=np.float64) / np.sum(weights)
+        self.rules = rules
+        self.grids = grids
+        self.log = log
+        self.anatomy = params["anatomy"]["enabled"]
+        self.min_gain = 0.0
+
+    def _gate_anatomy(self, v: _Video, label: int, cols: np.ndarray) -> np.ndarray:
+        a = self.params["anatomy"]
+        name = LABELS[label]
+        if not self.anatomy or v.sections is None:
+            return cols
+        if a["gate_landmarks"] and name in a["landmark_window"]:
+            cols &= landmark_windows(v.sections, a["landmark_window"])[name][:, None]
+        if name in a["pathology_sections"]:
+            cols &= section_gate(v.sections, a["pathology_sections"][name])[:, None]
+        return cols
+
+    def _candidates(self, v: _Video, label: int, key: str | None, values: Sequence) -> np.ndarray:
+        """(T, K) columns of one label for candidate values of one parameter (others at their current value)."""
+        lp = self.params["labels"][LABELS[label]]
+        name = LABELS[label]
+        if self.anatomy and name in _SECTION_SET:
+            col = np.zeros((v.T, 1), dtype=bool)
+            if v.sections is not None:
+                col[:, 0] = v.sections == SECTIONS.index(name)
+            return col
+        K = len(values) if key else 1
+        per = {k: np.full(K, lp[k]) for k in ("threshold", "median_window", "max_gap", "min_length")}
+        if key:
+            per[key] = np.asarray(values)
+        cols = apply_chain(
+            np.repeat(v.probs[:, label : label + 1], K, axis=1),
+            thresholds=per["threshold"],
+            median_windows=per["median_window"].astype(np.int64),
+            max_gaps=per["max_gap"].astype(np.int64),
+            min_lengths=per["min_length"].astype(np.int64),
+            order=self.params["order"],
+        )
+        return self._gate_anatomy(v, label, cols)
+
+    def _fixed_features(self, label: int) -> list[tuple[dict, np.ndarray]]:
+        out = []
+        for rule in self.rules:
+            if rule["feature"] == "support":
+                continue
+            vals = np.array([presence_features(v.probs, None, rule, [label])[0] for v in self.videos])
+            out.append((rule, vals))
+        return out
+
+    def context(self, label: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """Per video: the other labels' current mask and, for label-set runs, where their label set changes."""
+        out = []
+        for v in self.videos:
+            others = v.mask.copy()
+            others[:, label] = False
+            breaks = None
+            if self.params["composition"] == "label_set":
+                code = others.astype(np.int64) @ _BITS
+                breaks = np.r_[False, code[1:] != code[:-1]]
+            out.append((others, breaks))
+        return out
+
+    def step(self, label: int, key: str | None, values: Sequence, fixed: list, ctx: list) -> tuple[Any, dict, float]:
+        """Best value of one parameter of one label (with its presence rule) and its objective."""
+        ranking = self.params["ranking"]
+        K = len(values) if key else 1
+        ap = np.empty((K, len(self.videos)))
+        support = np.empty((K, len(self.videos)))
+        for j, v in enumerate(self.videos):
+            others, breaks = ctx[j]
+            csum = v.csum
+            cols = self._candidates(v, label, key, values)
+            if cols.shape[1] == 1 and K > 1:
+                cols = np.repeat(cols, K, axis=1)
+            support[:, j] = cols.sum(0)
+            ap[:, j] = _score_columns(v, label, cols, breaks, others, csum, ranking, self.ths) @ self.weights
+        absent = np.array([v.absent[label] for v in self.videos])
+        best = (-np.inf, None, None)
+        for k in range(K):
+            feats = list(fixed) + [({"feature": "support"}, support[k])] if any(
+                r["feature"] == "support" for r in self.rules
+            ) else list(fixed)
+            rule, score = fit_presence_rule(feats, ap[k], absent, self.min_gain)
+            if score > best[0] + 1e-9:
+                best = (score, values[k] if key else None, rule)
+        return best[1], best[2], best[0]
+
+    def refresh(self, label: int) -> None:
+        """Recompute one label's column of every video's current mask with the current parameters."""
+        lp = self.params["labels"][LABELS[label]]
+        for v in self.videos:
+            col = self._candidates(v, label, None, ())[:, 0]
+            feats = presence_features(v.probs, col[:, None], lp["presence"], [0]) if lp["presence"]["feature"] == "support" else presence_features(v.probs, None, lp["presence"], [label])
+            present = lp["presence"]["feature"] == "none" or (
+                lp["presence"]["feature"] != "never" and feats[0] >= lp["presence"]["cutoff"]
+            )
+            v.mask[:, label] = col & present
+
+    def run(self, rounds: int) -> float:
+        score = 0.0
+        for r in range(rounds):
+            total = []
+            for label in range(NUM_LABELS):
+                name = LABELS[label]
+                fixed = self._fixed_features(label)
+                ctx = self.context(label)
+                lp = self.params.data["labels"][name]
+                if self.anatomy and name in _SECTION_SET:
+                    _, rule, score = self.step(label, None, (None,), fixed, ctx)
+                    lp["presence"] = rule
+                else:
+                    for key, values in self.grids.items():
+                        value, rule, score = self.step(label, key, tuple(values), fixed, ctx)
+                        lp[key] = float(value) if key == "threshold" else int(value)
+                        lp["presence"] = rule
+                self.refresh(label)
+                total.append(score)
+                self.log(f"round {r + 1} {name}: objective {score:.4f} {lp}")
+            score = float(np.mean(total))
+            self.log(f"round {r + 1}: mean per-label objective {score:.4f}")
+        return score
+
+
+def tune_decoder(
+    videos: Sequence[tuple[np.ndarray, np.ndarray, Sequence[Mapping[str, Any]]]] | Mapping[str, tuple],
+    base: DecoderParams | Mapping[str, Any] | None = None,
+    composition: str = "label_set",
+    anatomy: bool = True,
+    frame_units: str = "index",
+    grids: Mapping[str, Sequence] | None = None,
+    rounds: int = 2,
+    thresholds: Sequence[float] = (0.5, 0.95),
+    weights: Sequence[float] | None = None,
+    presence_rules: Sequence[Mapping[str, Any]] = DEFAULT_CANDIDATE_RULES,
+    rankings: Sequence[str] = ("mean", "max", "min"),
+    presence_min_gain: float | None = None,
+    verbose: bool = False,
+) -> DecoderParams:
+    """Fit the decoder's parameters on validation videos by maximising temporal mAP (see the module docstring).
+
+    Args:
+        videos: ``(probs (T, 17), frame_ids (T,), gt_events)`` per validation video (or a dict of them keyed by
+            video id); ``gt_events`` is the video's ground-truth event list in the units of ``frame_ids``.
+        base: starting parameters (order, anatomy settings, ...); the paper's chain when ``None``.
+        composition: ``"label_set"`` or ``"per_label"`` event composition, fixed during tuning.
+        anatomy: turn anatomy decoding on (sections by Viterbi, landmarks near boundaries).
+        frame_units: recorded in the parameters: the units of ``frame_ids`` (``"index"``/``"frame_number"``).
+        grids: candidate values per chain parameter (keys of :data:`DEFAULT_GRIDS`); a key left out is not tuned.
+        rounds: coordinate-ascent rounds over all labels.
+        thresholds: tIoU thresholds of the objective.
+        weights: weight of each threshold in the objective (equal when ``None``).
+        presence_rules: candidate presence features (see :mod:`~monai_vce.postprocessing.gating`).
+        rankings: ranking rules compared by the composed validation score at the end.
+        presence_min_gain: margin (mean AP) a presence cutoff must win by over emitting always / never
+            (see :func:`~monai_vce.postprocessing.gating.fit_presence_rule`); ``1 / number of videos`` when
+            ``None``: a cutoff must be worth at least one whole video's AP.
+        verbose: print progress.
+
+    Returns:
+        The fitted :class:`DecoderParams`, with ``fit`` recording the composed validation mAP.
+    """
+    log = print if verbose else (lambda *_: None)
+    t0 = time.perf_counter()
+    items = list(videos.items()) if isinstance(videos, Mapping) else list(enumerate(videos))
+    if not items:
+        raise ValueError("tune_decoder needs at least one validation video")
+    vids = []
+    for key, item in items:
+        try:
+            probs, frame_ids, gt_events = item
+        except (TypeError, ValueError):
+            raise ValueError(f"video {key!r}: expected a (probs, frame_ids, gt_events) triple") from None
+        vids.append(_Video(probs, frame_ids, gt_events, str(key)))
+    data = DecoderParams(base).to_dict() if not isinstance(base, DecoderParams) else base.to_dict()
+    data.pop("fit", None)
+    data["composition"] = composition
+    data["frame_units"] = frame_units
+    data["anatomy"]["enabled"] = bool(anatomy)
+    for r in rankings:
+        if r not in RANKINGS:
+            raise ValueError(f"rankings: unknown ranking {r!r}; expected names from {list(RANKINGS)}")
+    params = DecoderParams(data, source="tuned parameters")
+    grids = dict(DEFAULT_GRIDS if grids is None else grids)
+    for key in grids:
+        if key not in DEFAULT_GRIDS:
+            raise ValueError(f"grids: unknown parameter {key!r}; expected keys from {list(DEFAULT_GRIDS)}")
+    ths = tuple(float(t) for t in thresholds)
+    weights = np.ones(len(ths)) if weights is None else np.asarray(weights, dtype=np.float64)
+
+    # labels not tuned yet split nothing: the first round starts from empty masks (the untuned chain's
+    # many false-positive runs would fragment every candidate); the sections are decoded once
+    decoder = EventDecoder(params)
+    for v in vids:
+        v.mask = np.zeros((v.T, NUM_LABELS), dtype=bool)
+        v.sections = decoder.sections(v.probs) if anatomy and v.T else None
+    tuner = _Tuner(vids, params, ths, weights, [dict(r) for r in presence_rules], grids, log)
+    tuner.min_gain = 1.0 / len(vids) if presence_min_gain is None else float(presence_min_gain)
+    tuner.run(rounds)
+
+    # choose the ranking by the composed score of the full decoder
+    gt = {"videos": [{"video_id": v.name, "events": _gt_events(v)} for v in vids]}
+    best = None
+    for ranking in rankings or (params["ranking"],):
+        params.data["ranking"] = ranking
+        pred = decode_videos({v.name: (v.probs, v.frame_ids) for v in vids}, EventDecoder(params))
+        res = temporal_map(gt, pred, thresholds=ths, validate=False)
+        obj = float(sum(w * res[f"mAP@{t:g}"] for w, t in zip(weights / weights.sum(), ths)))
+        log(f"ranking {ranking!r}: composed validation objective {obj:.4f}")
+        if best is None or obj > best[0] + 1e-12:
+            best = (obj, ranking, {f"mAP@{t:g}": res[f"mAP@{t:g}"] for t in ths})
+    params.data["ranking"] = best[1]
+    params.data["fit"] = {
+        "videos": len(vids),
+        "objective": best[0],
+        **best[2],
+        "rounds": rounds,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    params.validate()
+    return params
+
+
+def _gt_events(v: _Video) -> list[dict[str, Any]]:
+    """The validation video's ground truth as per-label events (per-label AP only depends on these)."""
+    return [
+        {"start": int(s), "end": int(e), "label": [LABELS[c]]} for c in range(NUM_LABELS) for s, e in v.gt[c].tolist()
+    ]
