@@ -1,0 +1,348 @@
+"""Accelerator throughput of inference and training, with and without ``torch.compile``; one table.
+
+Measures, for the full-size network (ViT-B/16 with differential attention, random weights, 224 px, bf16
+autocast):
+
+- inference, model only: ``uint8`` batches already on the device (the ceiling of the end-to-end figure);
+- inference, end to end: PNG files -> DataLoader workers (:class:`monai_vce.data.LoadVCEFramed`, one per core,
+  persistent, prefetching, pinned memory) -> ``uint8`` to the device -> model under ``torch.inference_mode()``
+  -> probabilities on the host -> events with :func:`monai_vce.postprocessing.decode_videos`;
+- training, model only: forward + asymmetric focal loss + backward + AdamW step on device-resident batches;
+- training, end to end: the same fed by the training augmentations (:func:`monai_vce.data.vce_train_transforms`)
+  in the workers;
+- the plain ViT / differential attention ratio (model-only inference and training, eager);
+- peak device memory of each phase.
+
+Frames: a pool of generated mini-Galar frames (rendered in parallel, one process per video) at Galar's 336 px;
+the long frame lists cycle over the pool, so each frame file is decoded many times (as real files are, from the
+page cache or a fast disk).
+
+``--device cpu --tiny`` is a smoke mode (tiny network at 64 px, a few batches) that runs the same code anywhere.
+
+Usage::
+
+    python benchmarks/gpu_bench.py                          # on a GPU; see benchmarks/gpu.sh
+    python benchmarks/gpu_bench.py --device cpu --tiny      # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+# ---------------------------------------------------------------------------------------------------------- data
+def _render_one(args: tuple[str, int, int, int]) -> str:
+    from monai_vce.data.synthetic import generate_mini_galar
+
+    out, frames, size, seed = args
+    if not (Path(out) / "ground_truth.json").is_file():
+        generate_mini_galar(out, videos=1, frames_per_video=frames, size=size, seed=seed, use_real_timelines=False, naming="galar")
+    return out
+
+
+def make_pool(root: Path, videos: int, frames: int, size: int, workers: int) -> list[dict]:
+    """Render ``videos`` one-video mini-Galars in parallel; return their labelled frames (``video_id`` made unique)."""
+    from monai_vce.data.galar import build_galar_datalist
+
+    jobs = [(str(root / f"pool_{size}px_{frames}f_{v}"), frames, size, v) for v in range(videos)]
+    with ProcessPoolExecutor(max_workers=max(1, min(workers, videos))) as ex:
+        outs = list(ex.map(_render_one, jobs))
+    pool = []
+    for v, out in enumerate(outs):
+        for item in build_galar_datalist(Path(out) / "frames", Path(out) / "labels"):
+            pool.append({**item, "video_id": f"pool{v}"})
+    return pool
+
+
+def long_list(pool: Sequence[dict], n: int, video_len: int) -> list[dict]:
+    """``n`` frames cycling over ``pool``, cut into videos of ``video_len`` frames in frame order."""
+    return [
+        {"image": pool[i % len(pool)]["image"], "label": pool[i % len(pool)]["label"], "video_id": f"video{i // video_len:03d}",
+         "frame_index": i % video_len}
+        for i in range(n)
+    ]
+
+
+class _InferFrames(torch.utils.data.Dataset):
+    def __init__(self, data: Sequence[dict], image_size: int):
+        from monai_vce.data import LoadVCEFramed
+
+        self.data, self.load = list(data), LoadVCEFramed(keys="image", image_size=image_size)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.load({"image": self.data[i]["image"]})["image"]
+
+
+def _loader(dataset, batch_size: int, workers: int, device: torch.device, shuffle: bool = False, drop_last: bool = False):
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        drop_last=drop_last,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        prefetch_factor=4 if workers > 0 else None,
+        pin_memory=device.type == "cuda",
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------- timing
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_gib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def _autocast(device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def build_network(tiny: bool, attention: str, device: torch.device) -> torch.nn.Module:
+    from monai_vce.networks import TINY_MODEL_NAME, DiffAttnCLIPClassifier
+
+    kw = {"backbone": TINY_MODEL_NAME} if tiny else {}
+    return DiffAttnCLIPClassifier(pretrained=False, attention=attention, **kw).to(device)
+
+
+def infer_model_only(model, device, image_size: int, batch: int, batches: int) -> float:
+    """frames/s of the model alone on device-resident uint8 batches (scaled to [0, 1] on the device)."""
+    from monai_vce.data import VCEPrepareBatch
+
+    prepare = VCEPrepareBatch()
+    x = torch.randint(0, 256, (batch, 3, image_size, image_size), dtype=torch.uint8, device=device)
+    model.eval()
+    with torch.inference_mode(), _autocast(device):
+        for _ in range(2):
+            model(prepare({"image": x}, device)[0])
+        _sync(device)
+        t = time.perf_counter()
+        for _ in range(batches):
+            model(prepare({"image": x}, device)[0])
+        _sync(device)
+    return batch * batches / (time.perf_counter() - t)
+
+
+def infer_end_to_end(model, device, data: Sequence[dict], image_size: int, batch: int, workers: int) -> tuple[float, float]:
+    """frames/s from PNG files to decoded events (workers started inside the timing); also the events seconds."""
+    from monai_vce.data import VCEPrepareBatch
+    from monai_vce.postprocessing import decode_videos
+
+    prepare = VCEPrepareBatch()
+    model.eval()
+    _sync(device)
+    t = time.perf_counter()
+    loader = _loader(_InferFrames(data, image_size), batch, workers, device)
+    outs = []
+    with torch.inference_mode(), _autocast(device):
+        for images in loader:
+            x, _ = prepare({"image": images}, device, non_blocking=True)
+            outs.append(torch.sigmoid(model(x).float()).to("cpu", non_blocking=True))
+    _sync(device)
+    probs = torch.cat(outs).numpy()
+    del loader
+    t_events = time.perf_counter()
+    vids = np.array([d["video_id"] for d in data])
+    ids = np.array([d["frame_index"] for d in data], dtype=np.int64)
+    decode_videos({v: (probs[vids == v], ids[vids == v]) for v in dict.fromkeys(vids.tolist())})
+    end = time.perf_counter()
+    return len(data) / (end - t), end - t_events
+
+
+def _train_step_fn(model, device) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    from monai_vce.data import VCEPrepareBatch
+    from monai_vce.losses import AsymmetricFocalLoss
+
+    prepare = VCEPrepareBatch()
+    loss_fn = AsymmetricFocalLoss()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.05)
+    model.train()
+
+    def step(images: torch.Tensor, labels: torch.Tensor) -> None:
+        x, y = prepare({"image": images, "label": labels}, device, non_blocking=True)
+        with _autocast(device):
+            loss = loss_fn(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def train_model_only(model, device, image_size: int, batch: int, steps: int) -> float:
+    step = _train_step_fn(model, device)
+    x = torch.randint(0, 256, (batch, 3, image_size, image_size), dtype=torch.uint8, device=device)
+    y = (torch.rand(batch, 17, device=device) < 0.1).float()
+    for _ in range(2):
+        step(x, y)
+    _sync(device)
+    t = time.perf_counter()
+    for _ in range(steps):
+        step(x, y)
+    _sync(device)
+    return batch * steps / (time.perf_counter() - t)
+
+
+def train_end_to_end(model, device, data: Sequence[dict], image_size: int, batch: int, steps: int, workers: int) -> float:
+    from monai.data import Dataset
+
+    from monai_vce.data import vce_train_transforms
+
+    step = _train_step_fn(model, device)
+    loader = _loader(Dataset(list(data), vce_train_transforms(image_size=image_size)), batch, workers, device, shuffle=True, drop_last=True)
+    it = iter(loader)
+    b = next(it)  # workers started and one step taken outside the timing (compile warm-up lives here too)
+    step(b["image"], b["label"])
+    _sync(device)
+    t = time.perf_counter()
+    n = 0
+    for _ in range(steps):
+        b = next(it)
+        step(b["image"], b["label"])
+        n += b["image"].shape[0]
+    _sync(device)
+    fps = n / (time.perf_counter() - t)
+    del it, loader
+    return fps
+
+
+def _timed(fn: Callable[[], float]) -> tuple[float, float]:
+    t = time.perf_counter()
+    v = fn()
+    return v, time.perf_counter() - t
+
+
+# ---------------------------------------------------------------------------------------------------------- main
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tiny", action="store_true", help="tiny network at 64 px, few batches (smoke test)")
+    p.add_argument("--compile", choices=("both", "off", "only"), default="both")
+    p.add_argument("--frame-size", type=int, default=336, help="PNG size of the generated frames")
+    p.add_argument("--pool-videos", type=int, default=8)
+    p.add_argument("--pool-frames", type=int, default=32, help="frames rendered per pool video")
+    p.add_argument("--frames", type=int, default=30720, help="frames of the end-to-end inference run")
+    p.add_argument("--video-len", type=int, default=5120, help="frames per video in the end-to-end run")
+    p.add_argument("--batch-size", type=int, default=256, help="inference batch")
+    p.add_argument("--train-batch-size", type=int, default=128)
+    p.add_argument("--infer-batches", type=int, default=30)
+    p.add_argument("--train-steps", type=int, default=30)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--data-dir", default=None)
+    args = p.parse_args(argv)
+
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+    if args.tiny:  # a smoke run: every code path, minutes on a laptop CPU
+        args.batch_size, args.train_batch_size = min(args.batch_size, 32), min(args.train_batch_size, 16)
+        args.infer_batches, args.train_steps = min(args.infer_batches, 3), min(args.train_steps, 3)
+        args.frames, args.video_len = min(args.frames, 8 * args.batch_size), min(args.video_len, 3 * args.batch_size)
+        args.pool_videos, args.pool_frames, args.frame_size = min(args.pool_videos, 2), min(args.pool_frames, 8), min(args.frame_size, 96)
+    image_size = 64 if args.tiny else 224
+    torch.manual_seed(0)
+    modes = {"both": ("eager", "compiled"), "off": ("eager",), "only": ("compiled",)}[args.compile]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.data_dir or tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        t = time.perf_counter()
+        pool = make_pool(root, args.pool_videos, args.pool_frames, args.frame_size, args.workers)
+        gen_s = time.perf_counter() - t
+        data = long_list(pool, args.frames, args.video_len)
+        train_data = long_list(pool, max(len(pool), args.train_batch_size * (args.train_steps + 2)), args.video_len)
+
+        res: dict[str, dict[str, object]] = {}
+        ratio: dict[str, float] = {}
+        for attention in ("diff", "plain"):
+            for mode in modes if attention == "diff" else ("eager",):
+                base = build_network(args.tiny, attention, device)
+                model = torch.compile(base) if mode == "compiled" else base
+                key = f"{attention}/{mode}"
+                r: dict[str, object] = {}
+
+                def phase(fields: tuple[str, ...], fn: Callable[[], object]) -> None:
+                    # one failing phase (e.g. a compile error) must not cost the other figures
+                    try:
+                        out = fn()
+                    except Exception as e:  # noqa: BLE001 - reported, the table shows "failed"
+                        print(f"[{key}] {fields[0]} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+                        r.update({f: "failed" for f in fields})
+                        return
+                    r.update(zip(fields, out if isinstance(out, tuple) else (out,)))
+
+                _reset_peak(device)
+                phase(("infer_model", "infer_model_s"), lambda: _timed(
+                    lambda: infer_model_only(model, device, image_size, args.batch_size, args.infer_batches)))
+                r["infer_peak"] = _peak_gib(device)
+                if attention == "diff":
+                    phase(("infer_e2e", "events_s"), lambda: infer_end_to_end(
+                        model, device, data, image_size, args.batch_size, args.workers))
+                _reset_peak(device)
+                phase(("train_model", "train_model_s"), lambda: _timed(
+                    lambda: train_model_only(model, device, image_size, args.train_batch_size, args.train_steps)))
+                r["train_peak"] = _peak_gib(device)
+                if attention == "diff":
+                    phase(("train_e2e",), lambda: train_end_to_end(
+                        model, device, train_data, image_size, args.train_batch_size, args.train_steps, args.workers))
+                res[key] = r
+                print(f"[{key}] " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()), file=sys.stderr, flush=True)
+                del model, base
+        if "diff/eager" in res:
+            for k in ("infer", "train"):
+                plain, diff = res["plain/eager"].get(f"{k}_model"), res["diff/eager"].get(f"{k}_model")
+                if isinstance(plain, float) and isinstance(diff, float):
+                    ratio[k] = plain / diff
+
+    def cell(key: str, field: str, fmt: str = "{:.0f}") -> str:
+        v = res.get(key, {}).get(field)
+        return "-" if v is None else v if isinstance(v, str) else fmt.format(v)
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    net = "tiny DiffAttn ViT (64 px)" if args.tiny else "DiffAttn ViT-B/16 (224 px, random weights)"
+    print(f"device: {name}; network: {net}; bf16 autocast; torch {torch.__version__}; workers {args.workers}; "
+          f"frames: {len(pool)} generated {args.frame_size} px PNGs ({gen_s:.0f} s) cycled to {len(data)} "
+          f"(videos of {args.video_len}); inference batch {args.batch_size}, training batch {args.train_batch_size}")
+    print()
+    print("| measurement | eager | torch.compile |")
+    print("|---|---|---|")
+    print(f"| inference, model only (frames/s) | {cell('diff/eager', 'infer_model')} | {cell('diff/compiled', 'infer_model')} |")
+    print(f"| inference, end to end PNG -> events (frames/s) | {cell('diff/eager', 'infer_e2e')} | {cell('diff/compiled', 'infer_e2e')} |")
+    print(f"| training, model only (frames/s) | {cell('diff/eager', 'train_model')} | {cell('diff/compiled', 'train_model')} |")
+    print(f"| training, end to end with augmentation (frames/s) | {cell('diff/eager', 'train_e2e')} | {cell('diff/compiled', 'train_e2e')} |")
+    print(f"| inference model-only phase incl. warm-up/compile (s) | {cell('diff/eager', 'infer_model_s', '{:.1f}')} | {cell('diff/compiled', 'infer_model_s', '{:.1f}')} |")
+    print(f"| training model-only phase incl. warm-up/compile (s) | {cell('diff/eager', 'train_model_s', '{:.1f}')} | {cell('diff/compiled', 'train_model_s', '{:.1f}')} |")
+    print(f"| peak device memory, inference (GiB) | {cell('diff/eager', 'infer_peak', '{:.2f}')} | {cell('diff/compiled', 'infer_peak', '{:.2f}')} |")
+    print(f"| peak device memory, training (GiB) | {cell('diff/eager', 'train_peak', '{:.2f}')} | {cell('diff/compiled', 'train_peak', '{:.2f}')} |")
+    print(f"| events stage of the end-to-end run (s) | {cell('diff/eager', 'events_s', '{:.2f}')} | {cell('diff/compiled', 'events_s', '{:.2f}')} |")
+    for k, what in (("infer", "inference"), ("train", "training")):
+        if k in ratio:
+            print(f"| plain ViT / DiffAttn speed, {what} model only | {ratio[k]:.2f}x | - |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

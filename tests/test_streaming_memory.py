@@ -1,0 +1,252 @@
+"""Streamed inference keeps memory bounded by the batch, whatever the video length.
+
+The path under test is the bundle's inference path: MONAI ``DataLoader`` with worker processes over
+``vce_val_transforms`` (PNG decode + resize in ``uint8``), ``SupervisedEvaluator`` with ``VCEPrepareBatch``,
+a sigmoid post-processing, ``decollate=False``, the :class:`TemporalEventWriter` (per-video ``.npz`` + event
+JSON through the decoder) and the :class:`FrameProgressHandler`. The tiny network runs at 32 px so that a
+20,000-frame video takes seconds; the video's frames cycle over a pool of real PNG files on disk.
+
+Peak resident memory (main process high-water mark, plus the loader workers sampled at every iteration)
+above the level before the run must grow by less than ``LIMIT_MB`` between a 2,000- and a 20,000-frame
+video. The legitimate growth is about 1 KB per frame (measured: the (T, 17) probabilities and frame ids, and
+the decoder's per-video arrays, some 20 MB for the 18,000 extra frames); a pipeline keeping its network
+inputs (12 KB per 32 px float frame) exceeds the limit, which the control case checks.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc to read memory use")
+
+SIZE = 32
+POOL = 64
+BATCH = 500
+LIMIT_MB = 40.0
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _rss(pid: int | str = "self") -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * PAGE
+    except (OSError, IndexError, ValueError):
+        return 0  # the process ended
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+        return True
+    except OSError:
+        return False
+
+
+def _peak_self() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class _MemorySampler:
+    """Samples resident memory every iteration: main process peak, and each loader worker's growth."""
+
+    def __init__(self, leak: bool = False):
+        self.leak = leak
+        self.kept: list[torch.Tensor] = []
+        self.peak_main = 0
+        self.workers: dict[int, list[int]] = {}  # pid -> [first sample, peak]
+
+    def attach(self, engine):
+        from ignite.engine import Events
+
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self.sample)
+        engine.add_event_handler(Events.COMPLETED, self.sample)
+
+    def sample(self, engine):
+        if self.leak:  # control: a handler keeping every batch's network input, as unbounded collectors do
+            self.kept.append(engine.state.output["image"].clone())
+        self.peak_main = max(self.peak_main, _rss())
+        for pid in _children(os.getpid()):
+            rss = _rss(pid)
+            if rss:
+                first_peak = self.workers.setdefault(pid, [rss, rss])
+                first_peak[1] = max(first_peak[1], rss)
+
+    @property
+    def worker_growth(self) -> int:
+        return sum(peak - first for first, peak in self.workers.values())
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("pool")
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(POOL):
+        p = folder / f"frame_{i:06d}.PNG"
+        Image.fromarray(rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)).save(p)
+        paths.append(str(p))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def network():
+    from monai_vce.networks import TINY_MODEL_NAME, DiffAttnCLIPClassifier
+
+    torch.manual_seed(0)
+    return DiffAttnCLIPClassifier(backbone=TINY_MODEL_NAME, pretrained=False, image_size=SIZE).eval()
+
+
+def _infer(n_frames: int, pool: list[str], network, out_dir: Path, leak: bool = False) -> float:
+    """Run the bundle's inference path on one video of ``n_frames``; return the peak memory growth in MB."""
+    from monai.data import DataLoader, Dataset
+    from monai.engines import SupervisedEvaluator
+    from monai.inferers import SimpleInferer
+    from monai.transforms import Activationsd
+
+    from monai_vce.data import VCEPrepareBatch, vce_val_transforms
+    from monai_vce.handlers import FrameProgressHandler, TemporalEventWriter
+
+    datalist = [
+        {"image": pool[i % len(pool)], "video_id": "long", "frame_index": i, "frame_number": i, "capsule": "PillCam SB3"}
+        for i in range(n_frames)
+    ]
+    loader = DataLoader(
+        Dataset(datalist, transform=vce_val_transforms(image_size=SIZE)), batch_size=BATCH, num_workers=2, shuffle=False
+    )
+    sampler = _MemorySampler(leak=leak)
+    progress = FrameProgressHandler(enabled=False, log_summary=False)
+    evaluator = SupervisedEvaluator(
+        device=torch.device("cpu"),
+        val_data_loader=loader,
+        network=network,
+        inferer=SimpleInferer(),
+        prepare_batch=VCEPrepareBatch(),
+        postprocessing=Activationsd(keys="pred", sigmoid=True),
+        val_handlers=[TemporalEventWriter(output_dir=out_dir, events_file="events.json"), progress, sampler],
+        decollate=False,
+    )
+    gc.collect()
+    base = _rss()
+    hwm = _reset_peak()
+    evaluator.run()
+    main_peak = max(sampler.peak_main, _peak_self() if hwm else 0)
+    growth = (main_peak - base + sampler.worker_growth) / 2**20
+    print(f"{n_frames} frames{' (control)' if leak else ''}: main +{(main_peak - base) / 2**20:.1f} MB, "
+          f"workers +{sampler.worker_growth / 2**20:.1f} MB ({len(sampler.workers)} seen)")
+
+    # the run is complete and correct: every frame went through, the JSON lists the video
+    assert progress.frames == n_frames and progress.videos == 1
+    with np.load(out_dir / "long.npz") as z:
+        assert z["probs"].shape == (n_frames, 17) and z["probs"].dtype == np.float32
+        np.testing.assert_array_equal(z["frame_index"], np.arange(n_frames))
+        assert np.isfinite(z["probs"]).all()
+    assert [v["video_id"] for v in json.loads((out_dir / "events.json").read_text())["videos"]] == ["long"]
+    return growth
+
+
+@pytest.fixture
+def one_thread():
+    # the two loader workers and the network share the cores: no OpenMP spinning against them
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_memory_bounded_from_2k_to_20k_frames(pool, network, tmp_path, one_thread):
+    _infer(BATCH, pool, network, tmp_path / "warm")  # first-run allocations (thread pools, caches) out of the way
+    short = _infer(2_000, pool, network, tmp_path / "short")
+    long = _infer(20_000, pool, network, tmp_path / "long")
+    print(f"peak growth: 2,000 frames {short:.1f} MB, 20,000 frames {long:.1f} MB")
+    assert long - short < LIMIT_MB, f"memory grew by {long - short:.1f} MB from 2,000 to 20,000 frames"
+
+    # control: a pipeline that keeps its frames is caught by the same measurement
+    leaky = _infer(10_000, pool, network, tmp_path / "leaky", leak=True)
+    assert leaky - short > LIMIT_MB, f"control grew by only {leaky - short:.1f} MB"
+
+
+def _progress_run(monkeypatch, tty: bool, enabled: bool = True):
+    import io
+    import logging
+    import sys
+
+    from ignite.engine import Engine
+
+    from monai_vce.handlers import FrameProgressHandler
+
+    err = io.StringIO()
+    err.isatty = lambda: tty  # type: ignore[method-assign]
+    monkeypatch.setattr(sys, "stderr", err)
+    data = [{"video_id": v, "image": f"{v}_{i}.png"} for v, n in (("a", 5), ("b", 4), ("c", 3)) for i in range(n)]
+    from monai.data import Dataset
+
+    # the totals come from the datalist of the loader's dataset, as with the bundle's monai.data.Dataset
+    dataset = Dataset(data, transform=lambda d: {"video_id": d["video_id"], "image": torch.zeros(3, 2, 2, dtype=torch.uint8)})
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4)
+    engine = Engine(lambda e, b: None)
+    records = []
+    handler = FrameProgressHandler(enabled=enabled, desc="inference", name="test.progress")
+    handler.attach(engine)
+    logger = logging.getLogger("test.progress")
+    logger.setLevel(logging.INFO)
+    h = logging.Handler()
+    h.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(h)
+    try:
+        engine.run(loader)
+    finally:
+        logger.removeHandler(h)
+    return handler, err.getvalue(), [r.getMessage() for r in records]
+
+
+def test_progress_counts_frames_and_videos_and_is_quiet_off_terminal(monkeypatch):
+    handler, drawn, logs = _progress_run(monkeypatch, tty=False)
+    assert handler.frames == 12 and handler.videos == 3 and handler.total_videos == 3
+    assert drawn == ""  # not a terminal: no bar
+    assert len(logs) == 1 and logs[0].startswith("inference: 12 frames, 3 videos in ") and "frames/s" in logs[0]
+
+    handler, drawn, _ = _progress_run(monkeypatch, tty=True)
+    assert "12/12" in drawn and "frame/s" in drawn and "videos=3/3" in drawn
+
+    handler, drawn, _ = _progress_run(monkeypatch, tty=True, enabled=False)
+    assert drawn == "" and handler.frames == 12
+
+
+def test_progress_reraises_engine_errors(monkeypatch):
+    from ignite.engine import Engine
+
+    from monai_vce.handlers import FrameProgressHandler
+
+    def fail(engine, batch):
+        raise RuntimeError("boom in iteration")
+
+    engine = Engine(fail)
+    FrameProgressHandler(enabled=False).attach(engine)
+    with pytest.raises(RuntimeError, match="boom in iteration"):
+        engine.run([{"video_id": ["a"], "image": torch.zeros(1)}])
