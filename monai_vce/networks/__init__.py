@@ -1,0 +1,54 @@
+"""Networks: BiomedCLIP's image tower with differential attention, classifier heads and backbone loading.
+
+Importing this package registers the tiny test model (:data:`TINY_MODEL_NAME`) with timm and open_clip, in memory.
+"""
+
+from __future__ import annotations
+
+from .backbone import (
+    BIOMEDCLIP_HUB_ID,
+    BIOMEDCLIP_MODEL_NAME,
+    TINY_MODEL_NAME,
+    BackboneSource,
+    BackboneUnavailableError,
+    ImageTower,
+    build_image_tower,
+    create_tiny_open_clip,
+    load_visual_weights,
+    resolve_backbone,
+    save_tiny_checkpoint,
+    save_tiny_local_dir,
+)
+from .classifier import FUSION_MODES, DiffAttnCLIPClassifier
+from .diff_attention import (
+    CONVERSION_MODES,
+    DifferentialAttention,
+    convert_to_diff_attention,
+    lambda_init_for_depth,
+    resolve_lambda_init,
+)
+from .heads import SEGatedClassifierHead, TextContrastiveHead
+
+__all__ = [
+    "BIOMEDCLIP_HUB_ID",
+    "BIOMEDCLIP_MODEL_NAME",
+    "TINY_MODEL_NAME",
+    "BackboneSource",
+    "BackboneUnavailableError",
+    "ImageTower",
+    "build_image_tower",
+    "create_tiny_open_clip",
+    "load_visual_weights",
+    "resolve_backbone",
+    "save_tiny_checkpoint",
+    "save_tiny_local_dir",
+    "FUSION_MODES",
+    "DiffAttnCLIPClassifier",
+    "CONVERSION_MODES",
+    "DifferentialAttention",
+    "convert_to_diff_attention",
+    "lambda_init_for_depth",
+    "resolve_lambda_init",
+    "SEGatedClassifierHead",
+    "TextContrastiveHead",
+]

@@ -1,0 +1,439 @@
+"""Differential attention for pretrained timm Vision Transformers, with exact weight transfer.
+
+Differential attention (Ye et al., "Differential Transformer", arXiv 2410.05258) computes two softmax maps per
+head and subtracts one from the other, ``(A1 - lambda * A2) V``, so that attention noise common to both maps
+cancels. :class:`DifferentialAttention` converts the attention of a pretrained ViT block (``timm.layers.Attention``)
+without touching its ``qkv`` and ``proj`` weights; only the lambda vectors and, in the paper's layout, the per-head
+RMS norm are new. Two conversion modes:
+
+``"paper"``
+    The paper's layout. The ``h`` pretrained heads are paired into ``h / 2`` differential heads: pair
+    ``(2j, 2j + 1)`` gives ``A1`` (query/key of head ``2j``) and ``A2`` (head ``2j + 1``); the value of
+    differential head ``j`` is the concatenation of the values of heads ``2j`` and ``2j + 1`` (``2 * head_dim``
+    wide). The output is RMS-normalised per differential head and scaled by ``1 - lambda_init``, with
+    ``lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init`` (one scalar per block, lambda vectors drawn from
+    N(0, 0.1), ``lambda_init = 0.8 - 0.6 exp(-0.3 d)`` at block depth ``d``). Since head ``2j + 1`` no longer has a
+    value of its own and the output is re-normalised, the converted network computes a different function from
+    the pretrained one at step 0: fine-tuning starts from the pretrained weights, not from the pretrained function.
+
+``"preserving"``
+    Function-preserving at initialisation. All ``h`` heads keep their own map and value; head ``i`` subtracts
+    the map of its pair partner ``i ^ 1`` (same pairing as the paper): ``out_i = (A_i - lambda A_{i^1}) v_i``.
+    ``lambda_init`` is 0, the second lambda pair starts as a copy of the first, so ``lambda`` is exactly 0 at
+    initialisation while its gradient is not (``d lambda / d lq1 = exp(lq1 . lk1) lk1``), and no sub-norm is
+    applied: the converted network computes the pretrained one exactly at step 0 and learns how much noise map
+    to subtract. Trade-off against the paper's layout: the noise map of a head is another pretrained head's map
+    (shared query/key weights) rather than a map dedicated to noise, the differential heads keep ``head_dim``-wide
+    values instead of ``2 * head_dim``, and without the sub-norm the output magnitude drifts as ``lambda`` grows
+    (the following LayerNorm and MLP absorb it). It adds no parameter besides the four lambda vectors.
+
+Both modes compute the ``2 h`` maps from the unchanged fused ``qkv`` projection, so they cost the same. Two
+attention implementations:
+
+* ``"sdpa"``: one :func:`torch.nn.functional.scaled_dot_product_attention` call over the ``h`` single maps, each
+  with the ``2 * head_dim`` value of its differential head, then the two outputs of a pair are combined. This is
+  the path for accelerators (flash / memory-efficient kernels) and autocast.
+* ``"explicit"``: softmax maps as matrices, the pair combined into one map first, ``(A1 - lambda A2) V``. It has
+  the FLOPs of plain attention (one ``QK^T`` for ``h`` heads, one ``AV`` of total width ``C``), whereas SDPA must
+  apply each map to the ``2 * head_dim`` value. PyTorch's fused CPU kernel also requires equal query and value
+  head sizes, so on CPU the SDPA form falls back to its unfused math kernel.
+
+``"auto"`` (default) uses SDPA on accelerators and the explicit form on CPU.
+
+The module subclasses :class:`timm.layers.DiffAttention` (timm >= 1.0.23) rather than duplicating it: with
+``num_heads = h / 2`` timm's module has the paper's layout and the same ``qkv`` / ``proj`` shapes and channel order
+as ``timm.layers.Attention`` with ``h`` heads (query/key head ``i`` at channels ``[i d, (i + 1) d)``, value of
+differential head ``j`` at ``[2 j d, 2 (j + 1) d)``), so the pretrained linear layers drop in unchanged; its lambda
+parameterisation, initialisation and parameter names are reused. The subclass adds the function-preserving mode,
+a configurable lambda_init schedule and sub-norm, a single SDPA call (timm's fused path makes two), the
+combined-map CPU path and :meth:`DifferentialAttention.attention_maps` for inspection.
+"""
+
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import Attention, DiffAttention
+from timm.layers.attention import maybe_add_mask, resolve_self_attn_mask
+from torch.jit import Final
+
+__all__ = [
+    "CONVERSION_MODES",
+    "ATTENTION_IMPLEMENTATIONS",
+    "DifferentialAttention",
+    "lambda_init_for_depth",
+    "resolve_lambda_init",
+    "convert_to_diff_attention",
+    "find_vit_blocks",
+]
+
+#: Accepted values of ``mode``.
+CONVERSION_MODES: tuple[str, ...] = ("paper", "preserving")
+#: Accepted values of ``attn_impl``.
+ATTENTION_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "sdpa", "explicit")
+
+LambdaInit = str | float | Callable[[int], float]
+
+
+def lambda_init_for_depth(depth: int) -> float:
+    """The paper's schedule ``0.8 - 0.6 exp(-0.3 depth)`` for a block at 0-based ``depth``."""
+    return 0.8 - 0.6 * math.exp(-0.3 * depth)
+
+
+def resolve_lambda_init(schedule: LambdaInit, depth: int) -> float:
+    """Return ``lambda_init`` of the block at ``depth`` under ``schedule``.
+
+    Args:
+        schedule: ``"depth"`` (the paper's :func:`lambda_init_for_depth`), ``"constant"`` (0.8 in every block),
+            a number (that value in every block) or a callable ``depth -> float``.
+        depth: 0-based index of the block in the network.
+
+    Raises:
+        ValueError: for an unknown schedule name or a value outside ``[0, 1)``.
+    """
+    if callable(schedule):
+        value = float(schedule(depth))
+    elif isinstance(schedule, str):
+        if schedule == "depth":
+            value = lambda_init_for_depth(depth)
+        elif schedule == "constant":
+            value = 0.8
+        else:
+            raise ValueError(f"unknown lambda_init schedule {schedule!r}; use 'depth', 'constant', a number or a callable")
+    else:
+        value = float(schedule)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"lambda_init must lie in [0, 1) (the output is scaled by 1 - lambda_init), got {value}")
+    return value
+
+
+class DifferentialAttention(DiffAttention):
+    """Differential attention with the paper's layout or a function-preserving one (see the module docstring).
+
+    The module computes ``2 * num_heads`` softmax maps of ``head_dim = dim // (2 * num_heads)`` channels, i.e. a
+    pretrained block with ``h`` heads converts to ``num_heads = h / 2``. Build it from a pretrained attention with
+    :meth:`from_attention` (weights carried over) or directly (random weights).
+
+    Args:
+        dim: token width.
+        num_heads: number of differential heads (half the number of single softmax maps).
+        qkv_bias: whether the fused ``qkv`` projection has a bias.
+        qk_norm: normalise queries and keys per head with ``norm_layer``.
+        scale_norm: normalise the attention output with ``norm_layer`` before ``proj``.
+        proj_bias: whether the output projection has a bias.
+        attn_drop: dropout on the attention maps (training only).
+        proj_drop: dropout after the output projection.
+        norm_layer: normalisation layer for ``qk_norm`` / ``scale_norm`` (timm's ``RmsNorm`` when None).
+        depth: 0-based block index, fed to the lambda_init schedule.
+        mode: ``"paper"`` or ``"preserving"``.
+        lambda_init: schedule of :func:`resolve_lambda_init`; ignored in ``"preserving"`` mode, where it is 0.
+        sub_norm: ``"paper"`` mode only: RMS-normalise each differential head (``2 * head_dim`` channels) and scale
+            by ``1 - lambda_init``, as in the paper; False applies neither. Never applied in ``"preserving"`` mode.
+        attn_impl: ``"auto"``, ``"sdpa"`` or ``"explicit"`` (see the module docstring).
+        device: device of the new parameters.
+        dtype: dtype of the new parameters (the lambda vectors are always float32).
+    """
+
+    use_sub_norm: Final[bool]
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 4,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        depth: int = 0,
+        mode: str = "paper",
+        lambda_init: LambdaInit = "depth",
+        sub_norm: bool = True,
+        attn_impl: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        if mode not in CONVERSION_MODES:
+            raise ValueError(f"mode must be one of {CONVERSION_MODES}, got {mode!r}")
+        if attn_impl not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(f"attn_impl must be one of {ATTENTION_IMPLEMENTATIONS}, got {attn_impl!r}")
+        if dim % (2 * num_heads):
+            raise ValueError(f"dim ({dim}) must be divisible by 2 * num_heads ({2 * num_heads})")
+        super().__init__(
+            dim,
+            num_heads=num_heads,
+            qkv_bias=qkv_bias,
+            qk_norm=qk_norm,
+            scale_norm=scale_norm,
+            proj_bias=proj_bias,
+            attn_drop=attn_drop,
+            proj_drop=proj_drop,
+            norm_layer=norm_layer,
+            depth=depth,
+            dual_lambda=False,
+            device=device,
+            dtype=dtype,
+        )
+        self.mode = mode
+        self.attn_impl = attn_impl
+        self.depth = depth
+        self.lambda_init_schedule = lambda_init
+        self.use_sub_norm = bool(sub_norm) and mode == "paper"
+        if not self.use_sub_norm:
+            self.sub_norm = nn.Identity()
+        self.set_lambda_init(depth)
+        self.reset_parameters()
+
+    def set_lambda_init(self, depth: int) -> None:
+        """Set ``lambda_init`` (and the output scale) of this block from the schedule; 0 in preserving mode."""
+        # timm's constructor calls this before the subclass attributes exist: fall back to the paper's formula
+        if getattr(self, "mode", "paper") == "preserving":
+            self.lambda_init = 0.0
+        else:
+            self.lambda_init = resolve_lambda_init(getattr(self, "lambda_init_schedule", "depth"), depth)
+        self.output_scale = 1.0 - self.lambda_init if getattr(self, "use_sub_norm", True) else 1.0
+
+    def reset_parameters(self) -> None:
+        """Draw the lambda vectors from N(0, 0.1); in preserving mode the second pair copies the first (lambda = 0)."""
+        super().reset_parameters()
+        if getattr(self, "mode", "paper") == "preserving":
+            with torch.no_grad():
+                self.lambda_q2.copy_(self.lambda_q1)
+                self.lambda_k2.copy_(self.lambda_k1)
+
+    @classmethod
+    def from_attention(
+        cls,
+        attn: nn.Module,
+        depth: int = 0,
+        mode: str = "paper",
+        lambda_init: LambdaInit = "depth",
+        sub_norm: bool = True,
+        attn_impl: str = "auto",
+    ) -> "DifferentialAttention":
+        """Convert a ``timm.layers.Attention`` with an even number of heads, reusing its modules as they are.
+
+        ``qkv``, ``proj``, ``q_norm``, ``k_norm``, ``norm`` and the dropouts are the very same module objects (no copy,
+        no re-initialisation, ``requires_grad`` kept); only the lambda vectors and the sub-norm are new.
+
+        Args:
+            attn: the pretrained attention module.
+            depth: 0-based block index (for the lambda_init schedule).
+            mode: ``"paper"`` or ``"preserving"``.
+            lambda_init: see :func:`resolve_lambda_init`.
+            sub_norm: see :class:`DifferentialAttention`.
+            attn_impl: ``"auto"``, ``"sdpa"`` or ``"explicit"``.
+
+        Raises:
+            TypeError: when ``attn`` is not a plain ``timm.layers.Attention``.
+            ValueError: for an odd number of heads, a gated attention or a head width that differs from dim / heads.
+        """
+        if not isinstance(attn, Attention) or isinstance(attn, DiffAttention):
+            raise TypeError(f"expected a timm.layers.Attention module, got {type(attn).__name__}")
+        if attn.num_heads % 2:
+            raise ValueError(f"differential attention pairs heads; this attention has an odd number ({attn.num_heads})")
+        if getattr(attn, "gate", None) is not None:
+            raise ValueError("gated timm attention (gated=True) is not supported")
+        dim = attn.qkv.in_features
+        if attn.qkv.out_features != 3 * dim or attn.proj.in_features != dim or attn.proj.out_features != dim:
+            raise ValueError(
+                f"expected qkv {dim}->{3 * dim} and proj {dim}->{dim}, got qkv {attn.qkv.in_features}->"
+                f"{attn.qkv.out_features} and proj {attn.proj.in_features}->{attn.proj.out_features}"
+            )
+        weight = attn.qkv.weight
+        new = cls(
+            dim,
+            num_heads=attn.num_heads // 2,
+            qkv_bias=attn.qkv.bias is not None,
+            proj_bias=attn.proj.bias is not None,
+            attn_drop=attn.attn_drop.p,
+            proj_drop=attn.proj_drop.p,
+            depth=depth,
+            mode=mode,
+            lambda_init=lambda_init,
+            sub_norm=sub_norm,
+            attn_impl=attn_impl,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+        for name in ("qkv", "proj", "q_norm", "k_norm", "norm", "attn_drop", "proj_drop"):
+            setattr(new, name, getattr(attn, name))
+        new.fused_attn = attn.fused_attn
+        new.train(attn.training)
+        return new
+
+    def lambda_value(self) -> torch.Tensor:
+        """The current ``lambda`` (a float32 scalar tensor, differentiable)."""
+        return self._compute_lambda()
+
+    def extra_repr(self) -> str:
+        return (
+            f"mode={self.mode}, num_heads={self.num_heads}, head_dim={self.head_dim}, depth={self.depth}, "
+            f"lambda_init={self.lambda_init:.4f}, sub_norm={self.use_sub_norm}, attn_impl={self.attn_impl}"
+        )
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries and keys (B, 2 * num_heads, N, head_dim) of the single heads, their values, and the values of the
+        differential heads (B, num_heads, N, 2 * head_dim); all views of the ``qkv`` output, no copy."""
+        B, N, _ = x.shape
+        h, d = self.num_heads, self.head_dim
+        qkv = self.qkv(x).reshape(B, N, 3, 2 * h, d)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        # single heads 2j and 2j+1 are adjacent in the channel order: their values side by side are one 2d slice
+        v_pair = qkv.view(B, N, 3, h, 2 * d)[:, :, 2].transpose(1, 2)
+        return self.q_norm(q), self.k_norm(k), v, v_pair
+
+    def _use_sdpa(self, x: torch.Tensor) -> bool:
+        if self.attn_impl == "auto":
+            return self.fused_attn and x.device.type != "cpu"
+        return self.attn_impl == "sdpa"
+
+    def _softmax_maps(
+        self, q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool
+    ) -> torch.Tensor:
+        """Softmax maps (B, 2 * num_heads, N, N) of the single heads, before dropout."""
+        B, H, N, d = q.shape
+        scores = torch.baddbmm(
+            q.new_empty(1, 1, 1), q.reshape(B * H, N, d), k.reshape(B * H, N, d).transpose(1, 2), beta=0.0, alpha=self.scale
+        ).view(B, H, N, N)
+        scores = maybe_add_mask(scores, resolve_self_attn_mask(N, scores, attn_mask, is_causal))
+        return scores.softmax(dim=-1)
+
+    def attention_maps(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the softmax maps, explicitly computed, without dropout, and the current ``lambda``.
+
+        Args:
+            x: tokens (B, N, dim), i.e. the input of this attention module (after the block's first norm).
+            attn_mask: optional additive or boolean mask, as in :meth:`forward`.
+            is_causal: causal masking, as in :meth:`forward`.
+
+        Returns:
+            ``(maps, lambda)``: ``maps`` of shape (B, num_heads, 2, N, N) where ``maps[:, j, 0]`` is A1 and
+            ``maps[:, j, 1]`` is A2 of differential head ``j`` (the softmax maps of single heads ``2j`` and
+            ``2j + 1``). In preserving mode single head ``2j`` subtracts ``maps[:, j, 1]`` and head ``2j + 1``
+            subtracts ``maps[:, j, 0]``.
+        """
+        B, N, _ = x.shape
+        q, k, _, _ = self._qkv(x)
+        maps = self._softmax_maps(q, k, attn_mask, is_causal)
+        return maps.view(B, self.num_heads, 2, N, N), self._compute_lambda()
+
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
+    ) -> torch.Tensor:
+        B, N, C = x.shape
+        h, d = self.num_heads, self.head_dim
+        q, k, v, v_pair = self._qkv(x)
+        lam = self._compute_lambda()
+        combined: torch.Tensor | None = None  # (A1 - lam A2) V_j per differential head (paper, explicit path)
+        if self._use_sdpa(x):
+            # one call over the 2h single maps, each applied to the 2d-wide value of its differential head
+            values = v_pair.unsqueeze(2).expand(B, h, 2, N, 2 * d).reshape(B, 2 * h, N, 2 * d)
+            pair_out = F.scaled_dot_product_attention(
+                q, k, values, attn_mask=attn_mask, dropout_p=self.attn_drop.p if self.training else 0.0, is_causal=is_causal
+            ).view(B, h, 2, N, 2 * d)
+        else:
+            maps = self.attn_drop(self._softmax_maps(q, k, attn_mask, is_causal)).view(B, h, 2, N, N)
+            if self.mode == "paper":
+                # combine the pair into one map first: the FLOPs of plain attention
+                combined = torch.addcmul(maps[:, :, 0], maps[:, :, 1], -lam.to(maps.dtype)) @ v_pair
+                pair_out = combined
+            else:
+                pair_out = maps @ v_pair.unsqueeze(2)
+        if combined is not None:
+            x = combined
+        else:
+            o1, o2 = pair_out.unbind(2)  # A1 V_j and A2 V_j, (B, h, N, 2d)
+            neg_lam = -lam.to(o1.dtype)
+            if self.mode == "paper":
+                x = torch.addcmul(o1, o2, neg_lam)
+            else:
+                # single head 2j: (A1 - lam A2) v_2j; single head 2j+1: (A2 - lam A1) v_2j+1
+                x = torch.stack(
+                    (torch.addcmul(o1[..., :d], o2[..., :d], neg_lam), torch.addcmul(o2[..., d:], o1[..., d:], neg_lam)),
+                    dim=2,
+                ).reshape(B, 2 * h, N, d)
+        if self.use_sub_norm:
+            # RMS norm per differential head, the (1 - lambda_init) scale folded into the per-row factor: one
+            # reduction pass and two elementwise passes over x
+            sq = torch.linalg.vector_norm(x, ord=2, dim=-1, keepdim=True, dtype=torch.float32).square() / (2 * d)
+            factor = (torch.rsqrt(sq + self.sub_norm.eps) * self.output_scale).to(x.dtype)
+            x = (x * factor).mul_(self.sub_norm.weight.to(x.dtype))
+        # (B, heads, N, width) -> (B, N, C): channel order of the pretrained heads
+        x = x.transpose(1, 2).reshape(B, N, C)
+        x = self.norm(x)
+        x = self.proj(x)
+        x = self.proj_drop(x)
+        return x
+
+
+def find_vit_blocks(model: nn.Module) -> nn.Sequential | nn.ModuleList:
+    """Return the transformer blocks of a timm ViT, an open_clip ``TimmModel`` (``.trunk``) or a module holding one.
+
+    Raises:
+        ValueError: when no ``blocks`` container is found.
+    """
+    for candidate in (model, getattr(model, "trunk", None), getattr(getattr(model, "visual", None), "trunk", None)):
+        blocks = getattr(candidate, "blocks", None) if candidate is not None else None
+        if isinstance(blocks, (nn.Sequential, nn.ModuleList)):
+            return blocks
+    raise ValueError(
+        f"{type(model).__name__} has no ViT blocks: expected a timm VisionTransformer, an open_clip TimmModel "
+        "(.trunk.blocks) or a module with .visual.trunk.blocks"
+    )
+
+
+def convert_to_diff_attention(
+    model: nn.Module,
+    mode: str = "paper",
+    blocks: Sequence[int] | None = None,
+    lambda_init: LambdaInit = "depth",
+    sub_norm: bool = True,
+    attn_impl: str = "auto",
+) -> list[int]:
+    """Replace, in place, the attention of ViT blocks by :class:`DifferentialAttention`, keeping the weights.
+
+    Args:
+        model: a timm ``VisionTransformer``, an open_clip ``TimmModel`` or a module with ``.visual.trunk``.
+        mode: ``"paper"`` or ``"preserving"`` (see the module docstring).
+        blocks: indices of the blocks to convert (negative indices count from the end); None converts all.
+        lambda_init: lambda_init schedule (see :func:`resolve_lambda_init`); the depth is the block index.
+        sub_norm: per-head RMS norm and ``1 - lambda_init`` scale in paper mode.
+        attn_impl: ``"auto"``, ``"sdpa"`` or ``"explicit"``.
+
+    Returns:
+        The sorted indices of the converted blocks.
+
+    Raises:
+        ValueError: for an index out of range, or a block that cannot be converted (the message names it).
+        TypeError: when a block's attention is not a timm ``Attention`` (for instance already converted).
+    """
+    vit_blocks = find_vit_blocks(model)
+    n = len(vit_blocks)
+    if blocks is None:
+        indices = list(range(n))
+    else:
+        indices = []
+        for i in blocks:
+            i = int(i)
+            if not -n <= i < n:
+                raise ValueError(f"block index {i} out of range for a network with {n} blocks")
+            indices.append(i % n)
+        indices = sorted(set(indices))
+    for i in indices:
+        block = vit_blocks[i]
+        attn = getattr(block, "attn", None)
+        try:
+            block.attn = DifferentialAttention.from_attention(
+                attn, depth=i, mode=mode, lambda_init=lambda_init, sub_norm=sub_norm, attn_impl=attn_impl
+            )
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"cannot convert the attention of block {i}: {err}") from err
+    return indices

@@ -1,0 +1,220 @@
+"""Differential attention: conversion of every block, exact weight transfer, preserving mode, gradients, autocast."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+timm = pytest.importorskip("timm")
+
+from timm.layers import Attention  # noqa: E402
+
+from monai_vce.networks.backbone import TINY_TIMM_MODEL_NAME  # noqa: E402
+from monai_vce.networks.diff_attention import (  # noqa: E402
+    DifferentialAttention,
+    convert_to_diff_attention,
+    lambda_init_for_depth,
+    resolve_lambda_init,
+)
+
+IMPLS = ("sdpa", "explicit")
+NEW_PARAMS = {"lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"}
+
+
+def _tiny_vit(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return timm.create_model(TINY_TIMM_MODEL_NAME, num_classes=0).eval()
+
+
+def _reference_maps(attn: Attention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax maps (B, h, N, N) and values (B, h, N, d) of every head, computed by hand from the original weights."""
+    B, N, C = x.shape
+    h = attn.num_heads
+    d = C // h
+    qkv = x @ attn.qkv.weight.t() + attn.qkv.bias
+    q, k, v = qkv.split(C, dim=-1)
+    q, k, v = (t.reshape(B, N, h, d).transpose(1, 2) for t in (q, k, v))
+    maps = torch.softmax((q @ k.transpose(-2, -1)) / math.sqrt(d), dim=-1)
+    return maps, v
+
+
+def test_convert_every_block_keeps_pretrained_modules():
+    model = _tiny_vit()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    originals = [(blk.attn.qkv, blk.attn.proj) for blk in model.blocks]
+    converted = convert_to_diff_attention(model, mode="paper")
+    assert converted == list(range(len(model.blocks))) == [0, 1]
+    for i, blk in enumerate(model.blocks):
+        assert isinstance(blk.attn, DifferentialAttention)
+        assert blk.attn.qkv is originals[i][0] and blk.attn.proj is originals[i][1]
+        assert blk.attn.num_heads == 2 and blk.attn.head_dim == 16
+        assert blk.attn.lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.3 * i))
+    after = model.state_dict()
+    for key, value in before.items():
+        assert torch.equal(after[key], value), key
+    new_keys = set(after) - set(before)
+    expected = {f"blocks.{i}.attn.{n}" for i in range(2) for n in NEW_PARAMS | {"sub_norm.weight"}}
+    assert new_keys == expected
+    for i in range(2):
+        assert tuple(after[f"blocks.{i}.attn.lambda_q1"].shape) == (16,)
+        assert tuple(after[f"blocks.{i}.attn.sub_norm.weight"].shape) == (32,)
+
+
+def test_convert_selected_blocks_and_errors():
+    model = _tiny_vit()
+    assert convert_to_diff_attention(model, blocks=[-1]) == [1]
+    assert isinstance(model.blocks[1].attn, DifferentialAttention)
+    assert type(model.blocks[0].attn) is Attention
+    with pytest.raises(TypeError, match="block 1"):
+        convert_to_diff_attention(model, blocks=[1])
+    with pytest.raises(ValueError, match="out of range"):
+        convert_to_diff_attention(model, blocks=[5])
+    with pytest.raises(ValueError, match="odd number"):
+        DifferentialAttention.from_attention(Attention(48, num_heads=3, qkv_bias=True))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a1_a2_are_the_pretrained_head_maps(impl):
+    model = _tiny_vit()
+    original = copy.deepcopy(model)
+    convert_to_diff_attention(model, mode="paper", attn_impl=impl)
+    torch.manual_seed(1)
+    x = torch.randn(2, 17, 64)
+    with torch.no_grad():
+        for blk, ref_blk in zip(model.blocks, original.blocks):
+            attn = blk.attn
+            attn.sub_norm.weight.uniform_(0.5, 1.5)  # a non-trivial learned norm weight
+            ref_maps, ref_v = _reference_maps(ref_blk.attn, x)
+            maps, lam = attn.attention_maps(x)
+            assert maps.shape == (2, 2, 2, 17, 17)
+            for j in range(2):
+                torch.testing.assert_close(maps[:, j, 0], ref_maps[:, 2 * j], atol=1e-6, rtol=0)
+                torch.testing.assert_close(maps[:, j, 1], ref_maps[:, 2 * j + 1], atol=1e-6, rtol=0)
+            # the fused forward is the paper's formula on these maps and the pretrained values / projection
+            heads = []
+            for j in range(2):
+                value = torch.cat((ref_v[:, 2 * j], ref_v[:, 2 * j + 1]), dim=-1)
+                out = (ref_maps[:, 2 * j] - lam * ref_maps[:, 2 * j + 1]) @ value
+                out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + 1e-5) * attn.sub_norm.weight
+                heads.append(out * (1 - attn.lambda_init))
+            expected = torch.cat(heads, dim=-1) @ ref_blk.attn.proj.weight.t() + ref_blk.attn.proj.bias
+            torch.testing.assert_close(attn(x), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_preserving_mode_is_exact_at_init(impl):
+    model = _tiny_vit()
+    original = copy.deepcopy(model)
+    convert_to_diff_attention(model, mode="preserving", attn_impl=impl)
+    x = torch.randn(3, 3, 64, 64)
+    with torch.no_grad():
+        for blk in model.blocks:
+            assert blk.attn.lambda_value().item() == 0.0
+            assert not any(n.startswith("sub_norm") for n, _ in blk.attn.named_parameters())
+        torch.testing.assert_close(model(x), original(x), atol=1e-5, rtol=0)
+        # the paper layout does change the function: the check above can fail
+        paper = copy.deepcopy(original)
+        convert_to_diff_attention(paper, mode="paper", attn_impl=impl)
+        assert (paper(x) - original(x)).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_preserving_mode_formula_when_lambda_moves(impl):
+    attn = Attention(64, num_heads=4, qkv_bias=True).eval()
+    diff = DifferentialAttention.from_attention(attn, mode="preserving", attn_impl=impl).eval()
+    with torch.no_grad():
+        diff.lambda_q1.add_(0.5)
+        x = torch.randn(2, 9, 64)
+        lam = diff.lambda_value()
+        assert abs(lam.item()) > 1e-3
+        maps, v = _reference_maps(attn, x)
+        partner = maps.view(2, 2, 2, 9, 9).flip(2).reshape(2, 4, 9, 9)
+        out = ((maps - lam * partner) @ v).transpose(1, 2).reshape(2, 9, 64)
+        torch.testing.assert_close(diff(x), attn.proj(out), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("mode", ("paper", "preserving"))
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gradients_reach_lambda(mode, impl):
+    model = _tiny_vit()
+    convert_to_diff_attention(model, mode=mode, attn_impl=impl)
+    model.train()
+    out = model(torch.randn(2, 3, 64, 64))
+    (out**2).mean().backward()
+    for blk in model.blocks:
+        for name in NEW_PARAMS:
+            grad = getattr(blk.attn, name).grad
+            assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("mode", ("paper", "preserving"))
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bf16_autocast_cpu(mode, impl):
+    model = _tiny_vit()
+    convert_to_diff_attention(model, mode=mode, attn_impl=impl)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(torch.rand(2, 3, 64, 64))
+    assert out.shape == (2, 64) and torch.isfinite(out.float()).all()
+
+
+@pytest.mark.parametrize("mode", ("paper", "preserving"))
+def test_implementations_agree_with_mask_and_dropout_off(mode):
+    attn = Attention(64, num_heads=4, qkv_bias=True).eval()
+    a = DifferentialAttention.from_attention(attn, mode=mode, attn_impl="sdpa")
+    b = copy.deepcopy(a)
+    b.attn_impl = "explicit"
+    with torch.no_grad():
+        a.lambda_q1.add_(0.3)
+        b.lambda_q1.copy_(a.lambda_q1)
+        x = torch.randn(2, 11, 64)
+        torch.testing.assert_close(a(x), b(x), atol=1e-5, rtol=0)
+        torch.testing.assert_close(a(x, is_causal=True), b(x, is_causal=True), atol=1e-5, rtol=0)
+        mask = torch.rand(11, 11) > 0.3
+        mask.fill_diagonal_(True)
+        torch.testing.assert_close(a(x, attn_mask=mask), b(x, attn_mask=mask), atol=1e-5, rtol=0)
+
+
+def test_sub_norm_off_and_schedules():
+    attn = Attention(64, num_heads=4, qkv_bias=True).eval()
+    diff = DifferentialAttention.from_attention(attn, depth=2, sub_norm=False, lambda_init=0.5).eval()
+    assert diff.lambda_init == 0.5 and diff.output_scale == 1.0
+    assert not any(n.startswith("sub_norm") for n, _ in diff.named_parameters())
+    with torch.no_grad():
+        x = torch.randn(2, 5, 64)
+        maps, v = _reference_maps(attn, x)
+        lam = diff.lambda_value()
+        heads = [(maps[:, 2 * j] - lam * maps[:, 2 * j + 1]) @ torch.cat((v[:, 2 * j], v[:, 2 * j + 1]), -1) for j in range(2)]
+        torch.testing.assert_close(diff(x), attn.proj(torch.cat(heads, -1)), atol=1e-5, rtol=0)
+
+    assert resolve_lambda_init("depth", 0) == pytest.approx(0.2)
+    assert resolve_lambda_init("depth", 11) == pytest.approx(lambda_init_for_depth(11)) == pytest.approx(
+        0.8 - 0.6 * math.exp(-3.3)
+    )
+    assert resolve_lambda_init("constant", 7) == 0.8
+    assert resolve_lambda_init(lambda d: 0.1 * d, 3) == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="unknown"):
+        resolve_lambda_init("linear", 1)
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        resolve_lambda_init(1.2, 1)
+    with pytest.raises(ValueError, match="mode"):
+        DifferentialAttention(64, 2, mode="other")
+
+
+def test_lambda_vectors_initialisation():
+    torch.manual_seed(0)
+    diff = DifferentialAttention(768, num_heads=6, depth=4)
+    vectors = torch.cat([getattr(diff, n).detach() for n in sorted(NEW_PARAMS)])
+    assert vectors.shape == (4 * 64,)
+    assert 0.08 < vectors.std().item() < 0.12  # N(0, 0.1)
+    expected = math.exp((diff.lambda_q1 * diff.lambda_k1).sum().item()) - math.exp(
+        (diff.lambda_q2 * diff.lambda_k2).sum().item()
+    )
+    assert diff.lambda_value().item() == pytest.approx(expected + lambda_init_for_depth(4), abs=1e-6)
+    preserving = DifferentialAttention(768, num_heads=6, depth=4, mode="preserving")
+    assert preserving.lambda_value().item() == 0.0 and preserving.lambda_q1.abs().sum() > 0
+    assert torch.equal(preserving.lambda_q1, preserving.lambda_q2)
+    assert F.mse_loss(diff.lambda_q1, diff.lambda_q2) > 0
