@@ -97,8 +97,10 @@ def find_galar_events(path: str | os.PathLike | None = None) -> Path | None:
 
 def load_timelines(path: str | os.PathLike) -> dict[str, list[dict]]:
     """Read an event JSON (challenge format) into ``{video_id: events}`` in natural video order."""
-    with open(path, encoding="utf-8") as f:
-        obj = json.load(f)
+    from monai_vce.metrics.validation import load_events
+
+    # bounded size, and one-line errors naming the file for missing, non-JSON or hostile (deeply nested) files
+    obj = load_events(path, validate=False)
     try:
         videos = {str(v["video_id"]): list(v["events"]) for v in obj["videos"]}
     except (KeyError, TypeError) as e:

@@ -279,6 +279,9 @@ def load_events(
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"event file {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        # hostile input such as "[[[[...": the parser recurses once per level; refuse instead of a deep traceback
+        raise ValueError(f"event file {path} is nested too deeply to be an event JSON (the format has 4 levels)") from None
     if max_events is not None and isinstance(obj, Mapping) and isinstance(obj.get("videos"), list):
         total = sum(len(v["events"]) for v in obj["videos"] if isinstance(v, Mapping) and isinstance(v.get("events"), list))
         if total > max_events:
