@@ -242,3 +242,29 @@ def test_from_thresholds(tmp_path):
     f.write_text(json.dumps({"tumour": 0.3}))
     with pytest.raises(ValueError, match="thr.json: unknown label 'tumour'"):
         DecoderParams.from_thresholds(f)
+
+
+def test_lead_in_frames_carry_no_section():
+    from monai_vce.postprocessing.anatomy import LEAD_IN, decode_sections
+
+    truth = np.repeat([-1, 0, 1, 2, 3], [40, 30, 20, 100, 100])
+    p = np.full((truth.size, 5), 0.1)
+    rows = truth >= 0
+    p[np.flatnonzero(rows), truth[rows]] = 0.9
+    sec = decode_sections(p, 0.1, 2.5, 2.5, 7.5, entry_cost=0.0)
+    assert sec.tolist() == [LEAD_IN if t < 0 else t for t in truth.tolist()]
+    # without the lead-in state the first section absorbs the unannotated frames
+    assert (decode_sections(p, 0.1, 2.5, 2.5, 7.5, entry_cost=None)[:40] == 0).all()
+    # leaving the lead-in crosses no landmark boundary
+    assert not landmark_windows(sec, 5)["z-line"][:40].any()
+    # in the decoder: lead-in frames belong to no event; a gated-out section still claims its frames
+    probs = np.full((truth.size, 17), 0.01)
+    probs[:, [L[s] for s in SECTIONS]] = p
+    params = DecoderParams.paper(anatomy={"enabled": True, "switch_cost": 2.5, "skip_cost": 2.5, "entry_cost": 0.0})
+    ev = EventDecoder(params)(probs, np.arange(truth.size))
+    assert min(e["start"] for e in ev) == 40
+    params.data["labels"]["esophagus"]["presence"] = {"feature": "never"}
+    mask = EventDecoder(params).masks(probs)
+    assert not mask[:, L["esophagus"]].any() and not mask[70:90].any() and mask[90:190, L["stomach"]].all()
+    with pytest.raises(ValueError, match="anatomy.entry_cost"):
+        DecoderParams({"anatomy": {"entry_cost": -1.0}})

@@ -19,6 +19,7 @@ from monai_vce.postprocessing import (
     simulate_probabilities,
     tune_decoder,
 )
+from monai_vce.postprocessing.gating import cross_validate_presence, video_folds
 from monai_vce.postprocessing.tuning import label_segments
 
 GALAR = Path(__file__).resolve().parents[2] / "shared" / "data" / "galar_events.json"
@@ -51,29 +52,38 @@ def test_simulation_is_reproducible_and_informative():
         simulate_probabilities(truth, "extreme")
 
 
-def _truncated_videos(n_videos: int, frames: int):
-    """The first ``frames`` frames of real timelines (events clipped), resampled 1 in 4 to keep them small."""
+def _resampled_videos(n_videos: int, frames: int):
+    """Whole real timelines resampled to about ``frames`` rows each (every section and the lead-in kept)."""
     data = json.loads(GALAR.read_text())
     out = []
     for v in data["videos"][:n_videos]:
-        ids = np.arange(0, frames * 4, 4)
+        T = max(e["end"] for e in v["events"]) + 1
+        ids = np.unique(np.linspace(0, T - 1, frames).astype(np.int64))
         truth = events_to_frames(v["events"], ids)
         # ground truth of the resampled video, in index units of the resampled rows
-        out.append((v["video_id"], truth, frames_to_events(truth, np.arange(frames))))
+        out.append((v["video_id"], truth, frames_to_events(truth, np.arange(ids.size))))
     return out
 
 
 @pytest.mark.skipif(not GALAR.is_file(), reason=f"real Galar timelines not found at {GALAR}")
-def test_tuned_decoder_beats_paper_chain_on_held_out_videos(tmp_path):
-    videos = _truncated_videos(16, 6000)
+@pytest.mark.parametrize("level", ["low", "medium", "high"])
+def test_tuned_decoder_beats_paper_chain_and_empty_on_held_out_videos(tmp_path, level):
+    videos = _resampled_videos(36, 2500)
     sim = {}
     for j, (vid, truth, events) in enumerate(videos):
-        sim[vid] = (simulate_probabilities(truth, "low", seed=j), np.arange(truth.shape[0]), events)
+        sim[vid] = (simulate_probabilities(truth, level, seed=j), np.arange(truth.shape[0]), events)
     ids = list(sim)
-    tune_ids, test_ids = ids[:10], ids[10:]
-    grids = {"threshold": (0.3, 0.5, 0.7), "median_window": (1, 7, 25), "max_gap": (0, 5, 20), "min_length": (0, 5, 20)}
+    tune_ids, test_ids = ids[:20], ids[20:]
+    grids = {"threshold": (0.3, 0.5, 0.7), "median_window": (1, 9, 25), "max_gap": (0, 5, 20), "min_length": (0, 5, 20)}
     params = tune_decoder([sim[k] for k in tune_ids], grids=grids, rounds=1)
-    assert params["fit"]["videos"] == 10 and 0.0 <= params["fit"]["mAP@0.5"] <= 1.0
+    fit = params["fit"]
+    assert fit["videos"] == 20 and fit["presence_folds"] == 5 and 0.0 <= fit["mAP@0.5"] <= 1.0
+    assert len(fit["anatomy_objective"]) == 4 and params["anatomy"]["entry_cost"] == 0.0
+    # a label is emitted only when it won out of fold, at both thresholds
+    for name, record in fit["out_of_fold_gain"].items():
+        emitted = params["labels"][name]["presence"]["feature"] != "never"
+        wins = all(g > max(n, 0.0) for g, n in zip(record["gain"], record["needed"]))
+        assert emitted == wins, (name, record)
     # the fitted parameters survive a JSON round trip and decode the same
     path = params.save(tmp_path / "decoder.json")
     assert DecoderParams.load(path) == params
@@ -81,9 +91,31 @@ def test_tuned_decoder_beats_paper_chain_on_held_out_videos(tmp_path):
     gt = {"videos": [{"video_id": k, "events": sim[k][2]} for k in test_ids]}
     held_out = {k: sim[k][:2] for k in test_ids}
     paper = temporal_map(gt, decode_videos(held_out, EventDecoder(DecoderParams.paper())))
+    empty = temporal_map(gt, {"videos": [{"video_id": k, "events": []} for k in test_ids]})
     tuned = temporal_map(gt, decode_videos(held_out, EventDecoder(path)))
     for key in ("mAP@0.5", "mAP@0.95"):
         assert tuned[key] > paper[key] + 0.05, (key, tuned[key], paper[key])
+        assert tuned[key] >= empty[key], (key, tuned[key], empty[key])
+    # the anatomy alone carries information here: the sections beat leaving them out
+    assert tuned["mAP@0.5"] > empty["mAP@0.5"] + 0.02
+
+
+def test_cross_validated_emission_rejects_chance_rules():
+    # a label absent from half the videos, with a feature unrelated to presence: in-sample a cutoff finds
+    # chance wins, out of fold it does not beat leaving the label out
+    rng = np.random.default_rng(0)
+    V = 40
+    absent = np.arange(V) % 2 == 0
+    ap = np.where(absent, 0.0, rng.uniform(0.0, 0.3, V))[:, None].repeat(2, axis=1)
+    noise = [({"feature": "peak", "window": 1}, rng.random(V))]
+    folds = video_folds(V, 5, seed=0)
+    oof = cross_validate_presence([(noise, ap)], absent, [1.0, 1.0], folds)
+    assert oof.mean(0).max() <= absent.mean()
+    # an informative feature (higher where the label is present) wins out of fold
+    informative = [({"feature": "peak", "window": 1}, np.where(absent, 0.2, 0.8) + 0.05 * rng.random(V))]
+    oof = cross_validate_presence([(informative, ap)], absent, [1.0, 1.0], folds)
+    assert np.all(oof.mean(0) > absent.mean() + 0.05)
+    assert sorted(np.bincount(folds).tolist()) == [8] * 5
 
 
 def test_tune_decoder_errors():

@@ -8,12 +8,12 @@ from monai_vce.metrics.validation import check_events, load_events, save_events,
 from .events import COMPOSITIONS, event_json, events_to_frames, frames_to_events, to_challenge_format
 
 # decoding: the paper's chain, presence gating, anatomy decoding, the decoder and its tuning
-from .anatomy import landmark_windows, section_gate, section_log_emissions, transition_scores, viterbi_sections
+from .anatomy import LEAD_IN, decode_sections, landmark_windows, section_gate, section_log_emissions, transition_scores, viterbi_sections
 from .chain import PAPER_ORDER, PAPER_PARAMS, apply_chain, fill_gaps, median_mask, median_probs, remove_short_runs, threshold_mask
 from .decoder import DecoderParams, EventDecoder, decode_videos, event_confidence
-from .gating import apply_presence_rules, fit_presence_rule, presence_features
+from .gating import apply_presence_rules, cross_validate_presence, fit_presence_rule, presence_features, video_folds
 from .simulate import NOISE_LEVELS, simulate_probabilities
-from .tuning import tune_decoder
+from .tuning import DEFAULT_ANATOMY_GRID, tune_decoder
 from .thresholds import f1_at_thresholds, load_thresholds, optimize_thresholds, save_thresholds
 
 __all__ = [
@@ -39,6 +39,10 @@ __all__ = [
     "presence_features",
     "apply_presence_rules",
     "fit_presence_rule",
+    "cross_validate_presence",
+    "video_folds",
+    "LEAD_IN",
+    "decode_sections",
     "section_log_emissions",
     "transition_scores",
     "viterbi_sections",
@@ -48,6 +52,7 @@ __all__ = [
     "EventDecoder",
     "event_confidence",
     "decode_videos",
+    "DEFAULT_ANATOMY_GRID",
     "tune_decoder",
     "optimize_thresholds",
     "f1_at_thresholds",

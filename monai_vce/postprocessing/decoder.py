@@ -6,7 +6,8 @@ Steps, for a ``(T, 17)`` probability array of one video (any model's scores in `
 2. presence gating (:mod:`~monai_vce.postprocessing.gating`): a label whose per-video presence rule fails is
    cleared from the whole video;
 3. optionally, anatomy decoding (:mod:`~monai_vce.postprocessing.anatomy`): the five section columns are
-   replaced by a Viterbi decode over the sections found present, landmarks are kept only near a decoded
+   replaced by a Viterbi decode over all sections (with an optional lead-in state for the unannotated
+   first frames), of which only the sections found present are emitted; landmarks are kept only near a decoded
    transition across their boundary, and pathologies optionally only inside plausible sections;
 4. event composition with :func:`~monai_vce.postprocessing.events.frames_to_events` (label-set runs by
    default, as the ground truth is built; per-label runs as an option), in the caller's frame units;
@@ -42,7 +43,7 @@ import numpy as np
 
 from ..labels import LABELS, LANDMARKS, NUM_LABELS, SECTIONS
 from ..utils import atomic_write_json
-from .anatomy import landmark_windows, section_gate, section_log_emissions, transition_scores, viterbi_sections
+from .anatomy import decode_sections, landmark_windows, section_gate
 from .chain import CHAIN_STEPS, PAPER_ORDER, PAPER_PARAMS, apply_chain
 from .events import COMPOSITIONS, event_json, frames_to_events
 from .gating import PRESENCE_FEATURES, apply_presence_rules
@@ -71,6 +72,7 @@ DEFAULT_ANATOMY: dict[str, Any] = {
     "switch_cost": 20.0,
     "skip_cost": 20.0,
     "backward_cost": 60.0,
+    "entry_cost": None,
     "landmark_window": {name: 100 for name in LANDMARKS},
     "gate_landmarks": True,
     "pathology_sections": {},
@@ -102,7 +104,7 @@ class DecoderParams:
          "ranking": "mean" | "max" | "min" | "none",
          "frame_units": "index" | "frame_number",
          "anatomy": {"enabled": bool, "emission_weight": float, "switch_cost": float, "skip_cost": float,
-                     "backward_cost": float, "landmark_window": {"<landmark>": int},
+                     "backward_cost": float, "entry_cost": float | null, "landmark_window": {"<landmark>": int},
                      "gate_landmarks": bool, "pathology_sections": {"<pathology>": ["<section>", ...]}},
          "fit": {...}}   # optional, free-form record of how the parameters were fitted
 
@@ -267,7 +269,9 @@ class DecoderParams:
         for k in ("enabled", "gate_landmarks"):
             if not isinstance(a[k], bool):
                 self._fail(f"anatomy.{k}", f"must be true or false, got {a[k]!r}")
-        for k in ("emission_weight", "switch_cost", "skip_cost", "backward_cost"):
+        for k in ("emission_weight", "switch_cost", "skip_cost", "backward_cost", "entry_cost"):
+            if k == "entry_cost" and a[k] is None:
+                continue
             if not _is_number(a[k]) or float(a[k]) < 0 or not math.isfinite(float(a[k])):
                 self._fail(f"anatomy.{k}", f"must be a finite number >= 0, got {a[k]!r}")
         lw = a["landmark_window"]
@@ -372,15 +376,21 @@ class EventDecoder:
         self.params = _as_params(params)
 
     def sections(self, probs: np.ndarray, present: np.ndarray | None = None) -> np.ndarray | None:
-        """Viterbi-decoded ``(T,)`` section indices (positions in ``SECTIONS``), or ``None`` when no section
-        is present."""
+        """Viterbi-decoded ``(T,)`` section indices (positions in ``SECTIONS``, ``-1`` for lead-in frames), or
+        ``None`` when no section is present."""
         a = self.params["anatomy"]
         allowed = np.ones(len(SECTIONS), bool) if present is None else np.asarray(present)[_SECTION_COLS]
         if not allowed.any():
             return None
-        em = section_log_emissions(probs[:, _SECTION_COLS], a["emission_weight"])
-        trans = transition_scores(len(SECTIONS), a["switch_cost"], a["skip_cost"], a["backward_cost"])
-        return viterbi_sections(em, trans, allowed=allowed)
+        return decode_sections(
+            probs[:, _SECTION_COLS],
+            a["emission_weight"],
+            a["switch_cost"],
+            a["skip_cost"],
+            a["backward_cost"],
+            a["entry_cost"],
+            allowed=allowed,
+        )
 
     def masks(self, probs: np.ndarray, frame_ids: np.ndarray | None = None, video_id: str | None = None) -> np.ndarray:
         """The ``(T, 17)`` activity mask after the chain, presence gating and anatomy decoding."""
@@ -404,10 +414,14 @@ class EventDecoder:
         sections = None
         a = p["anatomy"]
         if a["enabled"] and probs.shape[0]:
-            sections = self.sections(probs, present)
+            # the Viterbi decodes all sections (a section gated out still claims its frames, which then carry
+            # no section), exactly as the tuning scores them
+            sections = self.sections(probs)
             mask[:, _SECTION_COLS] = False
             if sections is not None:
-                mask[np.arange(probs.shape[0]), _SECTION_COLS[sections]] = True
+                rows = np.flatnonzero(sections >= 0)
+                mask[rows, _SECTION_COLS[sections[rows]]] = True
+                mask[:, _SECTION_COLS[~present[_SECTION_COLS]]] = False
                 if a["gate_landmarks"]:
                     allowed = landmark_windows(sections, a["landmark_window"])
                     for name, col in _LANDMARK_COLS.items():

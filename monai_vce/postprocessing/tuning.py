@@ -16,6 +16,18 @@ whatever else happens). With anatomy decoding on, the sections come from a Viter
 gated with those sections. Finally the ranking rule is chosen by the full composed score of the decoder on
 the validation videos (:func:`monai_vce.metrics.temporal_map`), which is also recorded in
 ``params["fit"]``.
+
+Before the coordinate ascent, the Viterbi settings are chosen from a coarse grid
+(:data:`DEFAULT_ANATOMY_GRID`) by the sections' validation AP.
+
+Emit or abstain. In-sample, a presence cutoff picked among many candidate decodings finds chance wins on a few
+dozen videos, and on new videos such a rule costs more (a label emitted in a video that lacks it scores 0)
+than it gains. So after each label's steps, the whole per-label fit (choice of candidate decoding and of its
+presence rule) is cross-validated over videos (:func:`~monai_vce.postprocessing.gating.cross_validate_presence`,
+``presence_folds`` folds), and the label keeps its rule only when the out-of-fold mean AP beats never emitting
+it at *every* tIoU threshold, by more than ``presence_cv_z`` standard errors of that mean gain; otherwise its
+rule becomes ``"never"``, what the empty submission does for that label. The out-of-fold gains and the margins
+they had to exceed (per threshold) are recorded in ``params["fit"]["out_of_fold_gain"]``.
 """
 
 from __future__ import annotations
@@ -31,9 +43,16 @@ from ..metrics.temporal_map import average_precision, temporal_map
 from .anatomy import landmark_windows, section_gate
 from .chain import apply_chain
 from .decoder import RANKINGS, DecoderParams, EventDecoder, check_probabilities, decode_videos
-from .gating import DEFAULT_CANDIDATE_RULES, presence_features, fit_presence_rule
+from .gating import DEFAULT_CANDIDATE_RULES, cross_validate_presence, fit_presence_rule, presence_features, video_folds
 
-__all__ = ["DEFAULT_GRIDS", "tune_decoder", "label_segments"]
+__all__ = ["DEFAULT_GRIDS", "DEFAULT_ANATOMY_GRID", "tune_decoder", "label_segments"]
+
+#: Candidate Viterbi settings compared by the sections' validation AP before the coordinate ascent (lower
+#: transition costs follow the sections more closely; the lead-in keeps unannotated first frames out of events).
+DEFAULT_ANATOMY_GRID: tuple[dict[str, float], ...] = tuple(
+    {"emission_weight": 0.1, "switch_cost": c, "skip_cost": c, "backward_cost": 3.0 * c, "entry_cost": 0.0}
+    for c in (1.25, 2.5, 5.0, 10.0)
+)
 
 #: Candidate values of each per-label chain parameter.
 DEFAULT_GRIDS: dict[str, tuple] = {
@@ -147,6 +166,11 @@ class _Tuner:
         self.log = log
         self.anatomy = params["anatomy"]["enabled"]
         self.min_gain = 0.0
+        self.folds: np.ndarray | None = None
+        self.cv_margin = 0.0
+        self.cv_z = 0.0
+        self.candidates: list = []
+        self.decisions: dict[str, list[float]] = {}
 
     def _gate_anatomy(self, v: _Video, label: int, cols: np.ndarray) -> np.ndarray:
         a = self.params["anatomy"]
@@ -205,10 +229,14 @@ class _Tuner:
         return out
 
     def step(self, label: int, key: str | None, values: Sequence, fixed: list, ctx: list) -> tuple[Any, dict, float]:
-        """Best value of one parameter of one label (with its presence rule) and its objective."""
+        """Best value of one parameter of one label (with its presence rule) and its objective.
+
+        Every candidate's presence features and per-threshold APs are appended to ``self.candidates`` for the
+        cross-validated emission decision (:meth:`decide`).
+        """
         ranking = self.params["ranking"]
         K = len(values) if key else 1
-        ap = np.empty((K, len(self.videos)))
+        ap3 = np.empty((K, len(self.videos), len(self.ths)))
         support = np.empty((K, len(self.videos)))
         for j, v in enumerate(self.videos):
             others, breaks = ctx[j]
@@ -217,17 +245,36 @@ class _Tuner:
             if cols.shape[1] == 1 and K > 1:
                 cols = np.repeat(cols, K, axis=1)
             support[:, j] = cols.sum(0)
-            ap[:, j] = _score_columns(v, label, cols, breaks, others, csum, ranking, self.ths) @ self.weights
+            ap3[:, j] = _score_columns(v, label, cols, breaks, others, csum, ranking, self.ths)
+        ap = ap3 @ self.weights
         absent = np.array([v.absent[label] for v in self.videos])
+        use_support = any(r["feature"] == "support" for r in self.rules)
         best = (-np.inf, None, None)
         for k in range(K):
-            feats = list(fixed) + [({"feature": "support"}, support[k])] if any(
-                r["feature"] == "support" for r in self.rules
-            ) else list(fixed)
+            feats = list(fixed) + [({"feature": "support"}, support[k])] if use_support else list(fixed)
+            self.candidates.append((feats, ap3[k]))
             rule, score = fit_presence_rule(feats, ap[k], absent, self.min_gain)
             if score > best[0] + 1e-9:
                 best = (score, values[k] if key else None, rule)
         return best[1], best[2], best[0]
+
+    def decide(self, label: int) -> tuple[bool, np.ndarray, np.ndarray]:
+        """Whether emitting the label beats never emitting it out of fold, at every tIoU threshold.
+
+        Returns:
+            ``(emit, gain, need)``: the decision, the ``(N,)`` out-of-fold gain in mean AP over "never" and the
+            ``(N,)`` margin it had to exceed.
+        """
+        absent = np.array([v.absent[label] for v in self.videos])
+        if self.folds is None or not self.candidates:
+            return True, np.full(len(self.ths), np.nan), np.full(len(self.ths), np.nan)
+        oof = cross_validate_presence(self.candidates, absent, self.weights, self.folds, self.min_gain)
+        diff = oof - absent[:, None]  # (V, N) per-video gain over never emitting
+        gain = diff.mean(axis=0)
+        se = diff.std(axis=0, ddof=1) / np.sqrt(diff.shape[0]) if diff.shape[0] > 1 else np.zeros_like(gain)
+        scored = self.weights > 0
+        need = np.maximum(self.cv_margin, self.cv_z * se)
+        return bool(np.all(gain[scored] > need[scored])), gain, need
 
     def refresh(self, label: int) -> None:
         """Recompute one label's column of every video's current mask with the current parameters."""
@@ -249,6 +296,7 @@ class _Tuner:
                 fixed = self._fixed_features(label)
                 ctx = self.context(label)
                 lp = self.params.data["labels"][name]
+                self.candidates = []
                 if self.anatomy and name in _SECTION_SET:
                     _, rule, score = self.step(label, None, (None,), fixed, ctx)
                     lp["presence"] = rule
@@ -257,6 +305,18 @@ class _Tuner:
                         value, rule, score = self.step(label, key, tuple(values), fixed, ctx)
                         lp[key] = float(value) if key == "threshold" else int(value)
                         lp["presence"] = rule
+                if lp["presence"]["feature"] != "never":
+                    emit, gain, need = self.decide(label)
+                    self.decisions[name] = {
+                        "gain": [round(float(g), 4) for g in gain],
+                        "needed": [round(float(n), 4) for n in need],
+                    }
+                    if not emit:
+                        lp["presence"] = {"feature": "never"}
+                        score = float(np.mean([v.absent[label] for v in self.videos]))
+                else:
+                    self.decisions.pop(name, None)
+                self.candidates = []
                 self.refresh(label)
                 total.append(score)
                 self.log(f"round {r + 1} {name}: objective {score:.4f} {lp}")
@@ -278,6 +338,11 @@ def tune_decoder(
     presence_rules: Sequence[Mapping[str, Any]] = DEFAULT_CANDIDATE_RULES,
     rankings: Sequence[str] = ("mean", "max", "min"),
     presence_min_gain: float | None = None,
+    anatomy_grid: Sequence[Mapping[str, Any]] | None = DEFAULT_ANATOMY_GRID,
+    presence_folds: int = 5,
+    presence_cv_margin: float = 0.0,
+    presence_cv_z: float = 1.0,
+    seed: int = 0,
     verbose: bool = False,
 ) -> DecoderParams:
     """Fit the decoder's parameters on validation videos by maximising temporal mAP (see the module docstring).
@@ -298,6 +363,19 @@ def tune_decoder(
         presence_min_gain: margin (mean AP) a presence cutoff must win by over emitting always / never
             (see :func:`~monai_vce.postprocessing.gating.fit_presence_rule`); ``1 / number of videos`` when
             ``None``: a cutoff must be worth at least one whole video's AP.
+        anatomy_grid: candidate Viterbi settings (keys of the ``anatomy`` parameters), compared by the mean
+            AP of the five sections (events of the decoded sections alone) on the validation videos; the best
+            one is used. ``None`` or empty keeps ``base``'s settings.
+        presence_folds: folds (over videos) of the cross-validated emission decision: a label is emitted only
+            when fitting its decoding and presence rule on the other folds beats never emitting it on the
+            held-out fold, in mean AP at every tIoU threshold of positive weight, by more than
+            ``max(presence_cv_margin, presence_cv_z * standard error)`` (the standard error of the mean
+            per-video gain); otherwise its rule is ``"never"`` (what the empty submission does).
+            ``0`` or ``1`` turns the check off (not recommended: in-sample rules overfit).
+        presence_cv_margin: the smallest margin of that decision, in mean AP.
+        presence_cv_z: how many standard errors the out-of-fold gain must exceed (a gain measured on a few
+            videos, driven by one or two of them, is not trusted).
+        seed: seed of the fold assignment.
         verbose: print progress.
 
     Returns:
@@ -333,12 +411,19 @@ def tune_decoder(
 
     # labels not tuned yet split nothing: the first round starts from empty masks (the untuned chain's
     # many false-positive runs would fragment every candidate); the sections are decoded once
+    anatomy_fit = None
+    if anatomy and anatomy_grid:
+        anatomy_fit = _fit_anatomy(vids, params, anatomy_grid, ths, weights, log)
     decoder = EventDecoder(params)
     for v in vids:
         v.mask = np.zeros((v.T, NUM_LABELS), dtype=bool)
         v.sections = decoder.sections(v.probs) if anatomy and v.T else None
     tuner = _Tuner(vids, params, ths, weights, [dict(r) for r in presence_rules], grids, log)
     tuner.min_gain = 1.0 / len(vids) if presence_min_gain is None else float(presence_min_gain)
+    if presence_folds >= 2 and len(vids) >= 2:
+        tuner.folds = video_folds(len(vids), presence_folds, seed)
+    tuner.cv_margin = float(presence_cv_margin)
+    tuner.cv_z = float(presence_cv_z)
     tuner.run(rounds)
 
     # choose the ranking by the composed score of the full decoder
@@ -358,10 +443,51 @@ def tune_decoder(
         "objective": best[0],
         **best[2],
         "rounds": rounds,
+        **({"anatomy_objective": anatomy_fit} if anatomy_fit is not None else {}),
+        "presence_folds": 0 if tuner.folds is None else int(tuner.folds.max() + 1),
+        "out_of_fold_gain": tuner.decisions,
         "seconds": round(time.perf_counter() - t0, 1),
     }
     params.validate()
     return params
+
+
+def _fit_anatomy(
+    vids: list[_Video], params: DecoderParams, grid: Sequence[Mapping[str, Any]], ths: tuple, weights: np.ndarray, log
+) -> list[float]:
+    """Choose the Viterbi settings from ``grid`` by the sections' mean AP; sets them in ``params``.
+
+    Returns:
+        The objective of each grid entry, in grid order.
+    """
+    w = np.asarray(weights, dtype=np.float64) / np.sum(weights)
+    cols = [LABELS.index(n) for n in SECTIONS]
+    scores = []
+    for setting in grid:
+        trial = params.to_dict()
+        trial["anatomy"].update(dict(setting))
+        decoder = EventDecoder(DecoderParams(trial, source=f"anatomy_grid entry {dict(setting)}"))
+        total = 0.0
+        for v in vids:
+            sec = decoder.sections(v.probs) if v.T else None
+            mask = np.zeros((v.T, len(SECTIONS)), dtype=bool)
+            if sec is not None:
+                rows = np.flatnonzero(sec >= 0)
+                mask[rows, sec[rows]] = True
+            ks, first, last = label_segments(mask)
+            segs = np.stack([v.frame_ids[first], v.frame_ids[last]], axis=1)
+            for k, c in enumerate(cols):
+                pred = segs[ks == k]
+                if v.absent[c]:
+                    total += float(pred.shape[0] == 0)
+                else:
+                    total += float(average_precision(v.gt[c], pred, ths) @ w)
+        scores.append(total / (len(vids) * len(cols)))
+        log(f"anatomy {dict(setting)}: sections' objective {scores[-1]:.4f}")
+    best = int(np.argmax(scores))
+    params.data["anatomy"].update(dict(grid[best]))
+    params.validate()
+    return [round(x, 4) for x in scores]
 
 
 def _gt_events(v: _Video) -> list[dict[str, Any]]:
