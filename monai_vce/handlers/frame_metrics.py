@@ -1,0 +1,98 @@
+"""Frame-level multi-label average precision as an ignite metric, per class and averaged over present classes.
+
+MONAI's ``AveragePrecision`` handler records only a scalar, and its macro average is NaN as soon as one class
+has no positive frame in the validation set (common for rare capsule findings). This metric averages over the
+classes that have positives and keeps the per-class values, keyed by label name, in
+``engine.state.metric_details[name]`` (MONAI's convention for metric details).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from ignite.engine import Engine
+from ignite.exceptions import NotComputableError
+from ignite.metrics import Metric
+
+from monai_vce.labels import LABELS
+
+__all__ = ["multilabel_average_precision", "MultiLabelAveragePrecision"]
+
+
+def multilabel_average_precision(probs: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Per-class average precision of ``(N, C)`` scores against ``(N, C)`` binary targets (vectorised over classes).
+
+    AP is the mean of the precision at the rank of each positive (ties broken by the stable order). A class
+    without positives gets NaN.
+    """
+    probs = np.asarray(probs, dtype=np.float64)
+    targets = np.asarray(targets) >= 0.5
+    if probs.shape != targets.shape or probs.ndim != 2:
+        raise ValueError(f"probs and targets must be (N, C) arrays of one shape, got {probs.shape} and {targets.shape}")
+    order = np.argsort(-probs, axis=0, kind="stable")
+    hits = np.take_along_axis(targets, order, axis=0)
+    tp = np.cumsum(hits, axis=0)
+    precision = tp / np.arange(1, probs.shape[0] + 1)[:, None]
+    n_pos = hits.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n_pos > 0, (precision * hits).sum(axis=0) / n_pos, np.nan)
+
+
+class MultiLabelAveragePrecision(Metric):
+    """Mean frame-level average precision over the classes with positive frames (the per-class values go to
+    ``engine.state.metric_details[name]``).
+
+    Args:
+        output_transform: ``engine.state.output -> (probs (B, C), targets (B, C))``; default
+            ``monai.handlers.from_engine(["pred", "label"])`` (works with batched and decollated outputs).
+        labels: class names of the per-class details (default: the 17 labels).
+        device: ignite metric device (accumulation happens on the CPU in numpy).
+    """
+
+    def __init__(
+        self, output_transform: Callable | None = None, labels: tuple[str, ...] = LABELS, device: str | torch.device = "cpu"
+    ) -> None:
+        from monai.handlers.utils import from_engine
+
+        self.labels = tuple(labels)
+        self.per_class: dict[str, float] = {}
+        super().__init__(output_transform=output_transform or from_engine(["pred", "label"]), device=device)
+
+    def reset(self) -> None:
+        self._probs: list[np.ndarray] = []
+        self._targets: list[np.ndarray] = []
+
+    def update(self, output: Any) -> None:
+        """Add one batch ``(probs, targets)``."""
+        probs, targets = output
+        to_np = lambda x: (  # noqa: E731
+            torch.stack([torch.as_tensor(i) for i in x]) if isinstance(x, (list, tuple)) else torch.as_tensor(x)
+        ).detach().float().cpu().numpy()
+        p, t = to_np(probs), to_np(targets)
+        self._probs.append(p.reshape(p.shape[0], -1))
+        self._targets.append(t.reshape(t.shape[0], -1))
+
+    def compute(self) -> float:
+        import ignite.distributed as idist
+
+        if not self._probs:
+            raise NotComputableError("MultiLabelAveragePrecision needs at least one batch")
+        probs, targets = np.concatenate(self._probs), np.concatenate(self._targets)
+        if idist.get_world_size() > 1:
+            parts = idist.all_gather((probs, targets))
+            probs = np.concatenate([p for p, _ in parts])
+            targets = np.concatenate([t for _, t in parts])
+        ap = multilabel_average_precision(probs, targets)
+        names = self.labels if len(self.labels) == ap.shape[0] else tuple(str(i) for i in range(ap.shape[0]))
+        self.per_class = {n: float(v) for n, v in zip(names, ap)}
+        valid = ap[~np.isnan(ap)]
+        return float(valid.mean()) if valid.size else float("nan")
+
+    def completed(self, engine: Engine, name: str) -> None:
+        super().completed(engine, name)
+        details = getattr(engine.state, "metric_details", None)
+        if isinstance(details, dict):
+            details[name] = dict(self.per_class)

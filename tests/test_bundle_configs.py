@@ -1,0 +1,279 @@
+"""The bundle's configs: MONAI's required properties, metadata schema, network I/O, components, swapping."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from bundle_helpers import (
+    CONFIGS,
+    DEMO,
+    EVALUATE,
+    INFERENCE,
+    METADATA,
+    MULTI_GPU_TRAIN,
+    SCHEMA,
+    TRAIN,
+    config_list,
+    free_port,
+    run_bundle,
+)
+
+TINY = {"backbone": "vce-tiny-vit-64", "pretrained": False, "image_size": 64}
+
+
+def _workflow(files, workflow_type, **override):
+    from monai.bundle import ConfigWorkflow
+
+    wf = ConfigWorkflow(
+        config_file=files, meta_file=METADATA, logging_file=False, workflow_type=workflow_type, **override
+    )
+    wf.initialize()
+    return wf
+
+
+@pytest.mark.parametrize(
+    "files,workflow_type",
+    [
+        ([TRAIN], "train"),
+        ([TRAIN, DEMO], "train"),
+        ([TRAIN, MULTI_GPU_TRAIN], "train"),
+        ([INFERENCE], "infer"),
+        ([INFERENCE, DEMO], "infer"),
+        ([TRAIN, EVALUATE], "infer"),
+    ],
+)
+def test_check_properties(files, workflow_type, mini_galar, monkeypatch, tmp_path):
+    # properties are parsed (datasets built), so the tiny data and backbone keep this fast and offline
+    override = {**TINY, "dataset_dir": str(mini_galar), "ckpt_dir": str(tmp_path / "models")}
+    if MULTI_GPU_TRAIN in files:
+        # the multi-GPU config starts a process group in initialize: a one-process gloo group here
+        for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+            monkeypatch.setenv(k, v)
+    else:
+        override["initialize"] = []
+    wf = _workflow(files, workflow_type, **override)
+    try:
+        assert wf.check_properties() == []
+    finally:
+        if torch.distributed.is_initialized():
+            import ignite.distributed as idist
+
+            idist.finalize()  # ignite caches the distributed context: reset it with the process group
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
+
+
+def test_required_ids_present():
+    train = json.loads(Path(TRAIN).read_text())
+    for key in ("bundle_root", "device", "dataset_dir", "network_def", "network", "val_interval", "run", "training"):
+        assert key in train, key
+    for key in ("trainer", "dataset", "inferer", "handlers", "preprocessing"):
+        assert key in train["train"], key
+    assert "max_epochs" in train["train"]["trainer"] and "data" in train["train"]["dataset"]
+    for key in ("evaluator", "handlers", "dataset"):
+        assert key in train["validate"], key
+    assert [h for h in train["train"]["handlers"] if isinstance(h, dict) and h["_target_"] == "ValidationHandler"]
+    infer = json.loads(Path(INFERENCE).read_text())
+    for key in ("dataset", "evaluator", "inferer", "preprocessing", "postprocessing", "handlers", "network_def", "run"):
+        assert key in infer, key
+
+
+def _targets(obj):
+    if isinstance(obj, dict):
+        if "_target_" in obj:
+            yield obj["_target_"]
+        for v in obj.values():
+            yield from _targets(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _targets(v)
+
+
+def test_monai_vce_components_use_full_dotted_paths():
+    seen = set()
+    for path in sorted(CONFIGS.glob("*.json")):
+        for target in _targets(json.loads(path.read_text())):
+            if "monai_vce" in target or "." not in target:
+                if "." not in target:
+                    # a short name must be a MONAI component, never one of ours
+                    assert not any(target == n for n in ("TemporalEventWriter", "DecoderTuningHandler")), target
+                    continue
+                module, name = target.rsplit(".", 1)
+                assert target.startswith("monai_vce."), target
+                assert hasattr(importlib.import_module(module), name), f"{path.name}: {target} does not exist"
+                seen.add(target)
+    assert "monai_vce.networks.DiffAttnCLIPClassifier" in seen
+    assert "monai_vce.losses.AsymmetricFocalLoss" in seen
+    assert "monai_vce.handlers.TemporalEventWriter" in seen
+
+
+def test_defaults_point_at_real_use():
+    train = json.loads(Path(TRAIN).read_text())
+    assert train["backbone"].startswith("hf-hub:microsoft/BiomedCLIP")
+    assert train["image_size"] == 224 and train["pretrained"] is True
+    assert train["train"]["optimizer"]["_target_"] == "torch.optim.AdamW"
+    assert train["train"]["lr_scheduler"]["_target_"] == "monai.optimizers.WarmupCosineSchedule"
+    assert train["ema_decay"] == 0.999 and train["amp"] == "$torch.cuda.is_available()"
+
+
+def test_verify_metadata_against_shipped_schema(tmp_path):
+    from monai.bundle import verify_metadata
+
+    verify_metadata(meta_file=METADATA, filepath=SCHEMA)
+    meta = json.loads(Path(METADATA).read_text())
+    fmt = meta["network_data_format"]
+    assert fmt["inputs"]["image"]["num_channels"] == 3 and fmt["inputs"]["image"]["spatial_shape"] == [224, 224]
+    assert fmt["inputs"]["image"]["value_range"] == [0, 1] and fmt["inputs"]["image"]["dtype"] == "float32"
+    from monai_vce.labels import LABELS
+
+    assert fmt["outputs"]["pred"]["type"] == "probabilities"
+    assert list(fmt["outputs"]["pred"]["channel_def"].values()) == list(LABELS)
+    assert "monai-vce" in meta["required_packages_version"]
+    # a metadata file without a mandatory key fails
+    bad = copy.deepcopy(meta)
+    del bad["network_data_format"]["outputs"]["pred"]["channel_def"]
+    bad_file = tmp_path / "metadata.json"
+    bad_file.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="channel_def"):
+        verify_metadata(meta_file=str(bad_file), filepath=SCHEMA)
+
+
+def test_verify_metadata_command_line():
+    proc = run_bundle(["verify_metadata", "--meta_file", METADATA, "--filepath", SCHEMA])
+    assert "metadata is verified with no error" in proc.stdout + proc.stderr
+
+
+def test_verify_net_in_out():
+    from monai.bundle import verify_net_in_out
+
+    # the tiny backbone at 64 px; the metadata's 224 px belongs to BiomedCLIP
+    verify_net_in_out(
+        net_id="network_def",
+        meta_file=METADATA,
+        config_file=INFERENCE,
+        device="cpu",
+        **{f"{k}": v for k, v in TINY.items()},
+        **{"_meta_#network_data_format#inputs#image#spatial_shape": [64, 64], "network_def#pretrained": False},
+    )
+
+
+def test_swap_network_loss_sampler_with_one_override_file(tmp_path, mini_galar):
+    """One override file swaps the network (plain ViT attention), the loss and the sampler."""
+    from monai.bundle import ConfigParser
+
+    override = {
+        "attention": "plain",
+        "train#loss": {"_target_": "torch.nn.BCEWithLogitsLoss"},
+        "train#sampler": {"_target_": "torch.utils.data.RandomSampler", "data_source": "@train#dataset"},
+    }
+    swap = tmp_path / "swap.json"
+    swap.write_text(json.dumps(override))
+    parser = ConfigParser()
+    parser.read_config([TRAIN, DEMO, str(swap)])
+    parser.read_meta(METADATA)
+    parser.update({"dataset_dir": str(mini_galar), "bundle_root": str(CONFIGS.parent), **TINY})
+    net = parser.get_parsed_content("network_def")
+    assert net.diff_blocks == [] and type(net).__name__ == "DiffAttnCLIPClassifier"
+    loss = parser.get_parsed_content("train#loss")
+    assert isinstance(loss, torch.nn.BCEWithLogitsLoss)
+    sampler = parser.get_parsed_content("train#sampler")
+    assert isinstance(sampler, torch.utils.data.RandomSampler)
+    loader = parser.get_parsed_content("train#dataloader")
+    assert loader.sampler is sampler
+    trainer = parser.get_parsed_content("train#trainer")
+    assert trainer.loss_function is loss
+    # one real step of the swapped pipeline
+    batch = next(iter(loader))
+    x, y = trainer.prepare_batch(batch, torch.device("cpu"), False)
+    out = trainer.network(x)
+    assert out.shape == (x.shape[0], 17) and torch.isfinite(loss(out, y))
+    # and the default one builds the differential-attention network and the imbalance components
+    parser = ConfigParser()
+    parser.read_config([TRAIN, DEMO])
+    parser.update({"dataset_dir": str(mini_galar), "bundle_root": str(CONFIGS.parent), **TINY})
+    assert parser.get_parsed_content("network_def").diff_blocks == [0, 1]
+    assert type(parser.get_parsed_content("train#loss")).__name__ == "AsymmetricFocalLoss"
+    assert type(parser.get_parsed_content("train#sampler")).__name__ == "SqrtFrequencySampler"
+
+
+def test_missing_dataset_folder_is_a_clear_error(tmp_path):
+    from monai_vce.workflows import galar_datalist, inference_datalist
+
+    with pytest.raises(FileNotFoundError, match="--dataset_dir"):
+        galar_datalist(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="nope"):
+        inference_datalist(tmp_path / "nope")
+
+
+def test_hub_failure_message_names_the_alternatives(monkeypatch):
+    from monai_vce.networks import backbone as bb
+    from monai_vce.workflows import check_backbone
+
+    assert check_backbone("vce-tiny-vit-64", pretrained=False) == "vce-tiny-vit-64"
+
+    def fail(*a, **k):
+        raise bb.BackboneUnavailableError("cannot load 'hf-hub:x/y' from the Hugging Face Hub")
+
+    monkeypatch.setattr(bb, "resolve_backbone", fail)
+    with pytest.raises(RuntimeError) as e:
+        check_backbone("hf-hub:x/y")
+    msg = str(e.value)
+    assert "--backbone local-dir:" in msg and "open_clip_pytorch_model.bin" in msg and "monai_vce.demo" in msg
+
+
+def test_param_groups_backbone_multiplier_and_no_decay():
+    from monai_vce.networks import DiffAttnCLIPClassifier
+    from monai_vce.workflows import param_groups
+
+    net = DiffAttnCLIPClassifier(**TINY)
+    groups = param_groups(net, lr=1e-3, weight_decay=0.05, backbone_lr_scale=0.1)
+    ids = {id(p): g for g in groups for p in g["params"]}
+    named = dict(net.named_parameters())
+    assert len(ids) == len(named)  # every parameter exactly once
+    head = [n for n in named if n.startswith("classifier_head.") and n.endswith("weight") and named[n].ndim == 2][0]
+    trunk = [n for n in named if n.startswith("visual.") and "qkv.weight" in n][0]
+    bias = [n for n in named if n.endswith(".bias")][0]
+    assert ids[id(named[head])]["lr"] == pytest.approx(1e-3) and ids[id(named[head])]["weight_decay"] == 0.05
+    assert ids[id(named[trunk])]["lr"] == pytest.approx(1e-4)
+    assert ids[id(named[bias])]["weight_decay"] == 0.0
+    layered = param_groups(net, lr=1e-3, backbone_lr_scale=1.0, layer_decay=0.5)
+    lrs = {id(p): g["lr"] for g in layered for p in g["params"]}
+    b0 = [n for n in named if ".blocks.0." in n and "qkv.weight" in n][0]
+    b1 = [n for n in named if ".blocks.1." in n and "qkv.weight" in n][0]
+    assert lrs[id(named[b1])] == pytest.approx(1e-3) and lrs[id(named[b0])] == pytest.approx(5e-4)
+
+
+def test_config_file_list_syntax_matches_docs():
+    assert config_list(TRAIN, DEMO) == f"['{TRAIN}','{DEMO}']"
+
+
+def test_inference_datalist_from_folder_or_json_and_pending_frames(tmp_path, mini_galar):
+    import numpy as np
+
+    from monai_vce.utils import atomic_save_npz
+    from monai_vce.workflows import completed_videos, inference_datalist, pending_frames, video_ids
+
+    from_root = inference_datalist(mini_galar)  # <dir>/frames/<video_id>/ is found
+    from_frames = inference_datalist(mini_galar / "frames")
+    strip = lambda dl: [{k: v for k, v in d.items() if k != "capsule"} for d in dl]  # noqa: E731
+    assert strip(from_root) == strip(from_frames) and all("label" not in d for d in from_root)
+    assert {d["capsule"] for d in from_root} != {"unknown"}  # metadata.csv beside frames/ is read
+    listed = tmp_path / "datalist.json"
+    listed.write_text(json.dumps({"testing": from_root[:70]}))
+    assert inference_datalist(listed) == from_root[:70]
+    vids = video_ids(from_root)
+    first = [d for d in from_root if d["video_id"] == vids[0]]
+    probs = tmp_path / "probs"
+    atomic_save_npz(probs / f"{vids[0]}.npz", probs=np.zeros((len(first), 17), np.float32), frame_index=np.arange(len(first)))
+    # a file with the wrong number of frames (the video folder changed) does not count as complete
+    atomic_save_npz(probs / f"{vids[1]}.npz", probs=np.zeros((3, 17), np.float32), frame_index=np.arange(3))
+    assert completed_videos(from_root, probs) == [vids[0]]
+    todo = pending_frames(from_root, probs)
+    assert video_ids(todo) == vids[1:] and len(todo) == len(from_root) - len(first)
+    assert pending_frames(from_root, probs, resume=False) == from_root

@@ -1,0 +1,172 @@
+"""The bundle's handlers on small hand-made engines: event writer, decoder tuning, atomic checkpoints, frame AP."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from ignite.engine import Engine, Events
+
+from monai_vce.handlers import AtomicCheckpointSaver, DecoderTuningHandler, TemporalEventWriter, load_video_probs
+from monai_vce.labels import LABELS
+
+
+def _batches(videos: dict[str, int], batch: int, seed: int = 0, labels: bool = False):
+    """Batches of (probs, video ids, frame indices) with the frames of each video in order."""
+    rng = np.random.default_rng(seed)
+    rows = [(vid, i) for vid, n in videos.items() for i in range(n)]
+    probs = rng.random((len(rows), 17)).astype(np.float32)
+    target = (rng.random((len(rows), 17)) > 0.7).astype(np.float32)
+    out = []
+    for s in range(0, len(rows), batch):
+        part = rows[s : s + batch]
+        b = {
+            "video_id": [r[0] for r in part],
+            "frame_index": torch.tensor([r[1] for r in part]),
+            "frame_number": torch.tensor([5 * r[1] + 2 for r in part]),
+        }
+        o = {"pred": torch.from_numpy(probs[s : s + batch])}
+        if labels:
+            o["label"] = torch.from_numpy(target[s : s + batch])
+        out.append((b, o))
+    return out, probs, target, rows
+
+
+def _engine(batches):
+    def step(engine, item):
+        engine.state.batch = item[0]
+        return item[1]
+
+    # like MONAI's evaluators: state.batch holds the collated batch, the step returns the (batched) output
+    return Engine(step)
+
+
+def test_event_writer_streams_each_video_and_writes_the_json(tmp_path):
+    batches, probs, _, rows = _batches({"1": 7, "2": 5, "ukdd_navi_00003": 9}, batch=4)
+    writer = TemporalEventWriter(tmp_path / "probs", events_file="events.json")
+    engine = _engine(batches)
+    writer.attach(engine)
+    seen_after_iteration = []
+    engine.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen_after_iteration.append(list(writer.written)))
+    engine.run(batches, max_epochs=1)
+    # video 1 ends inside batch 2 and is written when batch 2 (which starts video 2) is collected
+    assert seen_after_iteration[0] == [] and seen_after_iteration[1] == ["1"]
+    assert writer.written == ["1", "2", "ukdd_navi_00003"]
+    start = 0
+    for vid, n in (("1", 7), ("2", 5), ("ukdd_navi_00003", 9)):
+        v = load_video_probs(tmp_path / "probs" / f"{vid}.npz")
+        np.testing.assert_array_equal(v.probs, probs[start : start + n])
+        assert v.frame_index.tolist() == list(range(n)) and v.frame_number.tolist() == [5 * i + 2 for i in range(n)]
+        with np.load(tmp_path / "probs" / f"{vid}.npz") as z:
+            assert list(z["labels"]) == list(LABELS)
+        start += n
+    events = json.loads((tmp_path / "probs" / "events.json").read_text())
+    assert [v["video_id"] for v in events["videos"]] == ["1", "2", "ukdd_navi_00003"]
+    from monai_vce.postprocessing.decoder import EventDecoder
+
+    expected = EventDecoder()(probs[:7], np.arange(7))
+    assert events["videos"][0]["events"] == [{k: e[k] for k in ("start", "end", "label")} for e in expected]
+
+
+def test_event_writer_frame_number_units_and_video_list(tmp_path):
+    batches, _, _, _ = _batches({"1": 6, "2": 6}, batch=5)
+    writer = TemporalEventWriter(tmp_path, events_file=tmp_path / "out.json", units="frame_number", videos=["2", "1"])
+    engine = _engine(batches)
+    writer.attach(engine)
+    engine.run(batches, max_epochs=1)
+    events = json.loads((tmp_path / "out.json").read_text())
+    assert [v["video_id"] for v in events["videos"]] == ["2", "1"]
+    frames = {f for v in events["videos"] for e in v["events"] for f in (e["start"], e["end"])}
+    assert frames and all(f % 5 == 2 for f in frames)  # frame numbers 5 * index + 2
+
+
+def test_event_writer_refuses_nan_probabilities(tmp_path):
+    batches, _, _, _ = _batches({"1": 4, "2": 4}, batch=4)
+    batches[0][1]["pred"][2, 5] = float("nan")
+    writer = TemporalEventWriter(tmp_path)
+    engine = _engine(batches)
+    writer.attach(engine)
+    with pytest.raises(ValueError, match=r"video 1: non-finite probability .* frame_index 2"):
+        engine.run(batches, max_epochs=1)
+    assert not (tmp_path / "1.npz").exists()
+
+
+def test_event_writer_reports_missing_files(tmp_path):
+    writer = TemporalEventWriter(tmp_path, videos=["a"])
+    with pytest.raises(FileNotFoundError, match="no probability file for video"):
+        writer.write_events()
+
+
+def test_decoder_tuning_handler_fits_and_saves(tmp_path):
+    batches, probs, target, rows = _batches({"1": 40, "2": 30}, batch=16, labels=True)
+    calls = {}
+
+    def fake_tune(videos, base=None, frame_units="frame_number"):
+        from monai_vce.postprocessing.decoder import DecoderParams
+
+        calls["videos"], calls["kwargs"] = videos, {"base": base, "frame_units": frame_units}
+        return DecoderParams({"frame_units": frame_units, "fit": {"videos": len(videos), "mAP@0.5": 0.5}})
+
+    handler = DecoderTuningHandler(tmp_path / "decoder.json", when="always", tune_fn=fake_tune)
+    engine = _engine(batches)
+    handler.attach(engine)
+    engine.add_event_handler(Events.EPOCH_STARTED, lambda e: setattr(e.state, "thresholds", np.full(17, 0.3)))
+    engine.run(batches, max_epochs=1)
+    assert set(calls["videos"]) == {"1", "2"}
+    p, ids, gt = calls["videos"]["1"]
+    np.testing.assert_array_equal(p, probs[:40])
+    np.testing.assert_array_equal(ids, np.arange(40))
+    from monai_vce.postprocessing.events import frames_to_events
+
+    assert gt == frames_to_events(target[:40] >= 0.5, np.arange(40), mode="label_set")
+    assert calls["kwargs"]["base"]["labels"]["ulcer"]["threshold"] == pytest.approx(0.3)
+    saved = json.loads((tmp_path / "decoder.json").read_text())
+    assert saved["frame_units"] == "index" and saved["fit"]["videos"] == 2
+
+
+def test_decoder_tuning_handler_best_only(tmp_path):
+    batches, _, _, _ = _batches({"1": 10}, batch=5, labels=True)
+    handler = DecoderTuningHandler(tmp_path / "decoder.json", tune_fn=lambda v, **k: pytest.fail("must not tune"))
+    engine = _engine(batches)
+    handler.attach(engine)
+    engine.state.best_metric_epoch = -1  # as if the key metric had not improved
+    engine.run(batches, max_epochs=1)  # best_metric_epoch != epoch: no tuning
+    assert not (tmp_path / "decoder.json").exists()
+
+
+def test_atomic_checkpoint_saver_keeps_a_complete_file(tmp_path, monkeypatch):
+    net = torch.nn.Linear(2, 2)
+    engine = Engine(lambda e, b: None)
+    saver = AtomicCheckpointSaver(str(tmp_path), {"model": net, "trainer": engine}, save_interval=1, interval_filename="last.pt")
+    saver.attach(engine)
+    engine.run([0], max_epochs=2)
+    state = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert state["trainer"]["iteration"] == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+    # a save that dies half-way leaves the previous checkpoint in place
+    import monai_vce.handlers.checkpoint as ckpt
+
+    def boom(path, data):
+        raise KeyboardInterrupt("killed while writing")
+
+    monkeypatch.setattr(ckpt, "atomic_write_bytes", boom)
+    with pytest.raises(KeyboardInterrupt):
+        engine.run([0], max_epochs=3)
+    assert torch.load(tmp_path / "last.pt", weights_only=True)["trainer"]["iteration"] == 2
+
+
+def test_multilabel_average_precision_matches_monai():
+    from monai.metrics import AveragePrecisionMetric
+
+    from monai_vce.handlers.frame_metrics import multilabel_average_precision
+
+    rng = np.random.default_rng(0)
+    p, y = rng.random((300, 17)), (rng.random((300, 17)) > 0.8).astype(np.float64)
+    y[:, 4] = 0
+    ours = multilabel_average_precision(p, y)
+    m = AveragePrecisionMetric(average="none")
+    m(torch.tensor(p), torch.tensor(y))
+    ref = np.array([float(v) for v in m.aggregate()])
+    assert np.isnan(ours[4])
+    np.testing.assert_allclose(ours[~np.isnan(ours)], ref[~np.isnan(ours)], rtol=1e-6)

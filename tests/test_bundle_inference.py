@@ -1,0 +1,107 @@
+"""Inference (inference.json, standalone) and evaluation (evaluate.json over train.json) of the trained bundle."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bundle_helpers import DEMO, EVALUATE, INFERENCE, TRAIN, config_list, run_bundle, trained_bundle
+
+
+def _infer_args(run, data_dir: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "run", "--config_file", config_list(INFERENCE, DEMO),
+        "--bundle_root", str(Path(TRAIN).parents[1]),
+        "--dataset_dir", str(data_dir),
+        "--ckpt_dir", str(run["models"]),
+        "--output_dir", str(out),
+        "--batch_size", "16", "--num_workers", "0", "--progress", "False",
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def inferred(tmp_path_factory, mini_galar):
+    run = trained_bundle(tmp_path_factory, mini_galar)
+    out = tmp_path_factory.mktemp("inference")
+    proc = run_bundle(_infer_args(run, mini_galar / "frames", out))
+    return run, out, proc.stdout + proc.stderr
+
+
+def test_inference_writes_probabilities_and_events(inferred, mini_galar):
+    from monai_vce.labels import LABELS
+    from monai_vce.metrics import load_events
+    from monai_vce.workflows import inference_datalist
+
+    run, out, log = inferred
+    datalist = inference_datalist(mini_galar / "frames")
+    videos = list(dict.fromkeys(d["video_id"] for d in datalist))
+    assert sorted(p.stem for p in (out / "probs").glob("*.npz")) == sorted(videos)
+    for vid in videos:
+        frames = [d for d in datalist if d["video_id"] == vid]
+        with np.load(out / "probs" / f"{vid}.npz") as z:
+            assert z["probs"].dtype == np.float32 and z["probs"].shape == (len(frames), 17)
+            assert ((z["probs"] >= 0) & (z["probs"] <= 1)).all()
+            assert z["frame_number"].tolist() == [d["frame_number"] for d in frames]
+            assert z["frame_index"].dtype == np.int64 and list(z["labels"]) == list(LABELS)
+    events = load_events(out / "events.json")  # validated on load
+    assert [v["video_id"] for v in events["videos"]] == videos
+    assert "wrote" in log and "events.json" in log
+
+
+def test_inference_is_resumable_after_a_kill(inferred, mini_galar, tmp_path):
+    """A run killed right after its first video's file resumes, skips that video and writes the same JSON."""
+    run, reference, _ = inferred
+    out = tmp_path / "resumed"
+    # end the process abruptly (no cleanup, like SIGKILL) as soon as the first video's file is written
+    kill = "$@evaluator.add_event_handler(ignite.engine.Events.ITERATION_COMPLETED, lambda e: os._exit(9) if @event_writer.written else None)"
+    proc = run_bundle(
+        _infer_args(run, mini_galar / "frames", out, "--inference", f'["$import ignite", "{kill}", "$@evaluator.run()"]'),
+        check=False,
+    )
+    assert proc.returncode == 9, proc.stdout[-3000:] + proc.stderr[-3000:]
+    done = sorted(p.name for p in (out / "probs").glob("*.npz"))
+    assert len(done) == 1 and not (out / "events.json").exists()
+    first = (out / "probs" / done[0]).stat().st_mtime_ns
+    proc = run_bundle(_infer_args(run, mini_galar / "frames", out))
+    assert "skipping 1 video(s) already inferred" in proc.stdout + proc.stderr
+    assert (out / "probs" / done[0]).stat().st_mtime_ns == first  # not recomputed
+    assert json.loads((out / "events.json").read_text()) == json.loads((reference / "events.json").read_text())
+    for p in (reference / "probs").glob("*.npz"):
+        with np.load(p) as a, np.load(out / "probs" / p.name) as b:
+            np.testing.assert_allclose(a["probs"], b["probs"], atol=1e-6)
+    # a rerun with every video done infers nothing and still writes the full JSON
+    (out / "events.json").unlink()
+    proc = run_bundle(_infer_args(run, mini_galar / "frames", out))
+    assert json.loads((out / "events.json").read_text()) == json.loads((reference / "events.json").read_text())
+
+
+def test_evaluation_scores_the_validation_videos(tmp_path_factory, mini_galar):
+    from monai_vce.metrics import load_events
+
+    run = trained_bundle(tmp_path_factory, mini_galar)
+    out = tmp_path_factory.mktemp("evaluation")
+    proc = run_bundle(
+        [
+            "run", "--config_file", config_list(TRAIN, EVALUATE, DEMO),
+            "--bundle_root", str(Path(TRAIN).parents[1]),
+            "--dataset_dir", str(mini_galar),
+            "--ckpt_dir", str(run["models"]),
+            "--output_dir", str(out),
+            "--num_workers", "0",
+        ]
+    )
+    metrics = json.loads((out / "metrics.json").read_text())
+    gt = load_events(out / "ground_truth.json")
+    pred = load_events(out / "events.json")
+    assert [v["video_id"] for v in pred["videos"]] == [v["video_id"] for v in gt["videos"]]
+    assert 0.0 <= metrics["mAP@0.5"] <= 1.0 and set(metrics["per_video"]) == {v["video_id"] for v in gt["videos"]}
+    assert f'"mAP@0.5": {metrics["mAP@0.5"]}' in proc.stdout
+    assert sorted(p.stem for p in (out / "probs").glob("*.npz")) == sorted(metrics["per_video"])
+    from monai_vce.labels import LABELS
+
+    assert list(metrics["frame_AP"]) == list(LABELS)
+    assert all(v is None or 0.0 <= v <= 1.0 for v in metrics["frame_AP"].values())
