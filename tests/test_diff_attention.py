@@ -218,3 +218,89 @@ def test_lambda_vectors_initialisation():
     assert preserving.lambda_value().item() == 0.0 and preserving.lambda_q1.abs().sum() > 0
     assert torch.equal(preserving.lambda_q1, preserving.lambda_q2)
     assert F.mse_loss(diff.lambda_q1, diff.lambda_q2) > 0
+
+
+def _counting_sdpa(monkeypatch) -> list[tuple[int, int, int]]:
+    """Wrap ``F.scaled_dot_product_attention``; record the (q, k, v) head sizes of every call."""
+    calls: list[tuple[int, int, int]] = []
+    original = F.scaled_dot_product_attention
+
+    def wrapper(q, k, v, *args, **kwargs):
+        calls.append((q.shape[-1], k.shape[-1], v.shape[-1]))
+        return original(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", wrapper)
+    return calls
+
+
+@pytest.mark.parametrize("mode", ("paper", "preserving"))
+def test_sdpa_path_calls_sdpa_and_matches_explicit_reference(mode, monkeypatch):
+    model = _tiny_vit()
+    convert_to_diff_attention(model, mode=mode)  # default attn_impl: SDPA on CPU too
+    with torch.no_grad():
+        for blk in model.blocks:
+            blk.attn.lambda_q1.add_(0.4)  # lambda away from its initial value (0 in preserving mode)
+            assert abs(blk.attn.lambda_value().item()) > 1e-3
+    reference = copy.deepcopy(model)
+    for blk in reference.blocks:
+        blk.attn.attn_impl = "explicit"
+    x = torch.rand(2, 3, 64, 64)
+    calls = _counting_sdpa(monkeypatch)
+    with torch.no_grad():
+        out = model(x)
+        assert len(calls) == len(model.blocks)  # one call per block
+        # equal head sizes: the condition of PyTorch's fused CPU kernel (2 * head_dim = 32 for the tiny model)
+        assert calls == [(32, 32, 32)] * len(model.blocks)
+        expected = reference(x)
+        assert len(calls) == len(model.blocks)  # the reference path makes no SDPA call
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+    assert (out - _tiny_vit()(x)).abs().max() > 1e-3  # lambda moved: not the pretrained function
+
+
+def test_sdpa_path_runs_the_fused_cpu_kernel():
+    attn = DifferentialAttention.from_attention(Attention(64, num_heads=4, qkv_bias=True).eval())
+    x = torch.randn(2, 9, 64)
+    with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        attn(x)
+    names = {event.key for event in prof.key_averages()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in names
+    assert "aten::_scaled_dot_product_attention_math" not in names
+
+
+def test_timm_fused_switch_off_uses_explicit_path(monkeypatch):
+    attn = Attention(64, num_heads=4, qkv_bias=True).eval()
+    auto = DifferentialAttention.from_attention(attn)
+    auto.fused_attn = False  # as with TIMM_FUSED_ATTN=0
+    forced = DifferentialAttention.from_attention(attn, attn_impl="sdpa")
+    forced.fused_attn = False
+    with torch.no_grad():
+        forced.lambda_q1.copy_(auto.lambda_q1)
+        forced.lambda_k1.copy_(auto.lambda_k1)
+        forced.lambda_q2.copy_(auto.lambda_q2)
+        forced.lambda_k2.copy_(auto.lambda_k2)
+    calls = _counting_sdpa(monkeypatch)
+    x = torch.randn(2, 7, 64)
+    with torch.no_grad():
+        a = auto(x)
+        assert calls == []
+        b = forced(x)
+        assert len(calls) == 1
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("mode", ("paper", "preserving"))
+def test_per_head_masks_match_explicit_reference(mode):
+    attn = Attention(64, num_heads=4, qkv_bias=True).eval()
+    a = DifferentialAttention.from_attention(attn, mode=mode, attn_impl="sdpa")
+    b = copy.deepcopy(a)
+    b.attn_impl = "explicit"
+    torch.manual_seed(3)
+    x = torch.randn(2, 6, 64)
+    bool_mask = torch.rand(2, 4, 6, 6) > 0.4  # one mask per single head
+    bool_mask |= torch.eye(6, dtype=torch.bool)
+    additive = torch.randn(1, 4, 6, 6)
+    with torch.no_grad():
+        for mask in (bool_mask, additive, additive[0, 0]):
+            torch.testing.assert_close(a(x, attn_mask=mask), b(x, attn_mask=mask), atol=1e-5, rtol=0)
+        with pytest.raises(ValueError, match="attn_mask"):
+            a(x, attn_mask=torch.zeros(1, 3, 6, 6))

@@ -61,7 +61,8 @@ class DiffAttnCLIPClassifier(nn.Module):
         lambda_init_schedule: ``"depth"`` (``0.8 - 0.6 exp(-0.3 d)``), ``"constant"`` (0.8) or a number; paper mode.
         diff_blocks: indices of the blocks to convert; None converts every block.
         subln: per-head RMS norm and ``1 - lambda_init`` scale after the differential attention (paper mode).
-        attn_impl: ``"auto"`` (SDPA on accelerators, combined-map matmuls on CPU), ``"sdpa"`` or ``"explicit"``.
+        attn_impl: ``"auto"`` (SDPA unless timm's fused-attention switch is off), ``"sdpa"`` or ``"explicit"``
+            (the reference path that returns the attention maps).
         num_classes: number of logits (17 RARE-VISION labels).
         dropout: dropout before the classification layer.
         se_reduction: reduction ratio of the excitation gate.

@@ -27,26 +27,32 @@ RMS norm are new. Two conversion modes:
     values instead of ``2 * head_dim``, and without the sub-norm the output magnitude drifts as ``lambda`` grows
     (the following LayerNorm and MLP absorb it). It adds no parameter besides the four lambda vectors.
 
-Both modes compute the ``2 h`` maps from the unchanged fused ``qkv`` projection, so they cost the same. Two
-attention implementations:
+Both modes compute the ``2 h`` maps from the unchanged fused ``qkv`` projection and apply each map to the
+``2 * head_dim``-wide value of its head pair, so they cost the same. Attention implementations (``attn_impl``):
 
-* ``"sdpa"``: one :func:`torch.nn.functional.scaled_dot_product_attention` call over the ``h`` single maps, each
-  with the ``2 * head_dim`` value of its differential head, then the two outputs of a pair are combined. This is
-  the path for accelerators (flash / memory-efficient kernels) and autocast.
-* ``"explicit"``: softmax maps as matrices, the pair combined into one map first, ``(A1 - lambda A2) V``. It has
-  the FLOPs of plain attention (one ``QK^T`` for ``h`` heads, one ``AV`` of total width ``C``), whereas SDPA must
-  apply each map to the ``2 * head_dim`` value. PyTorch's fused CPU kernel also requires equal query and value
-  head sizes, so on CPU the SDPA form falls back to its unfused math kernel.
-
-``"auto"`` (default) uses SDPA on accelerators and the explicit form on CPU.
+* ``"sdpa"``: one :func:`torch.nn.functional.scaled_dot_product_attention` call per block, on every device (fused
+  flash / memory-efficient kernels on accelerators, the fused flash kernel on CPU). Fused kernels need queries,
+  keys and values of one width, while a differential head pairs ``head_dim``-wide queries/keys with a
+  ``2 * head_dim``-wide value. The call therefore runs over the ``h / 2`` head pairs with ``2 N`` query rows: rows
+  ``[0, N)`` hold ``[q_2j, 0]``, rows ``[N, 2 N)`` hold ``[0, q_2j+1]``, against the keys ``[k_2j, k_2j+1]`` and the
+  value ``[v_2j, v_2j+1]`` of the pair (both plain views of the ``qkv`` output). The zeros select the key half of
+  each head, so with the scale ``head_dim ** -0.5`` given explicitly the rows give exactly ``A1 [v_2j, v_2j+1]``
+  and ``A2 [v_2j, v_2j+1]``; the two are then combined with ``lambda``. Only the query is copied (once, into the
+  zero-padded layout); the ``A V`` product has twice the FLOPs of plain attention, as the paper's layout implies,
+  and the ``Q K^T`` product spends half its FLOPs on the zeros.
+* ``"explicit"``: the softmax maps as matrices (:meth:`DifferentialAttention.attention_maps` shares this code),
+  combined per pair before the value product. A reference for tests and debugging, not a runtime path.
+* ``"auto"`` (default): ``"sdpa"``, unless timm's fused-attention switch is off (``TIMM_FUSED_ATTN=0`` or
+  :func:`timm.layers.set_fused_attn`), in which case ``"explicit"``, as timm's own attention modules do.
 
 The module subclasses :class:`timm.layers.DiffAttention` (timm >= 1.0.23) rather than duplicating it: with
 ``num_heads = h / 2`` timm's module has the paper's layout and the same ``qkv`` / ``proj`` shapes and channel order
 as ``timm.layers.Attention`` with ``h`` heads (query/key head ``i`` at channels ``[i d, (i + 1) d)``, value of
 differential head ``j`` at ``[2 j d, 2 (j + 1) d)``), so the pretrained linear layers drop in unchanged; its lambda
 parameterisation, initialisation and parameter names are reused. The subclass adds the function-preserving mode,
-a configurable lambda_init schedule and sub-norm, a single SDPA call (timm's fused path makes two), the
-combined-map CPU path and :meth:`DifferentialAttention.attention_maps` for inspection.
+a configurable lambda_init schedule and sub-norm, a single SDPA call that hits the fused CPU kernel (timm's fused path
+makes two calls with a value wider than the query, which on CPU run PyTorch's unfused math kernel) and
+:meth:`DifferentialAttention.attention_maps` for inspection.
 """
 
 
@@ -132,7 +138,8 @@ class DifferentialAttention(DiffAttention):
         lambda_init: schedule of :func:`resolve_lambda_init`; ignored in ``"preserving"`` mode, where it is 0.
         sub_norm: ``"paper"`` mode only: RMS-normalise each differential head (``2 * head_dim`` channels) and scale
             by ``1 - lambda_init``, as in the paper; False applies neither. Never applied in ``"preserving"`` mode.
-        attn_impl: ``"auto"``, ``"sdpa"`` or ``"explicit"`` (see the module docstring).
+        attn_impl: ``"auto"`` (SDPA unless timm's fused-attention switch is off), ``"sdpa"`` or ``"explicit"`` (the
+            reference path of :meth:`attention_maps`; see the module docstring).
         device: device of the new parameters.
         dtype: dtype of the new parameters (the lambda vectors are always float32).
     """
@@ -288,10 +295,54 @@ class DifferentialAttention(DiffAttention):
         v_pair = qkv.view(B, N, 3, h, 2 * d)[:, :, 2].transpose(1, 2)
         return self.q_norm(q), self.k_norm(k), v, v_pair
 
-    def _use_sdpa(self, x: torch.Tensor) -> bool:
+    def _use_sdpa(self) -> bool:
         if self.attn_impl == "auto":
-            return self.fused_attn and x.device.type != "cpu"
+            return self.fused_attn
         return self.attn_impl == "sdpa"
+
+    def _sdpa_pairs(
+        self, q: torch.Tensor, k: torch.Tensor, v_pair: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``A1 V_j`` and ``A2 V_j`` (each (B, num_heads, N, 2 * head_dim)) with one fused SDPA call.
+
+        See the module docstring: the pair's two query sets are stacked along the sequence, each zero-padded on the
+        half of the other head, against the pair's concatenated keys and values, so that q, k and v share one width.
+        """
+        B, H, N, d = q.shape
+        h = H // 2
+        q = q.reshape(B, h, 2, N, d)
+        q_rows = q.new_zeros([B, h, 2, N, 2 * d])
+        q_rows[:, :, 0, :, :d].copy_(q[:, :, 0])
+        q_rows[:, :, 1, :, d:].copy_(q[:, :, 1])
+        k_pair = k.transpose(1, 2).reshape(B, N, h, 2 * d).transpose(1, 2)  # a view when k is one (no qk_norm)
+        mask = attn_mask
+        if is_causal:
+            mask = torch.ones([N, N], dtype=torch.bool, device=q.device).tril()
+        if mask is not None:
+            mask = self._stack_mask(mask, B, N)
+        out = F.scaled_dot_product_attention(
+            q_rows.view(B, h, 2 * N, 2 * d),
+            k_pair,
+            v_pair,
+            attn_mask=mask,
+            dropout_p=self.attn_drop.p if self.training else 0.0,
+            scale=self.scale,
+        ).view(B, h, 2, N, 2 * d)
+        o1, o2 = out.unbind(2)
+        return o1, o2
+
+    def _stack_mask(self, mask: torch.Tensor, B: int, N: int) -> torch.Tensor:
+        """A mask broadcastable to the (B, 2 * num_heads, N, N) single-head scores, laid out for the stacked rows."""
+        while mask.dim() < 4:
+            mask = mask.unsqueeze(0)
+        if mask.size(1) == 1:
+            return torch.cat((mask, mask), dim=2)
+        if mask.size(1) != 2 * self.num_heads:
+            raise ValueError(
+                f"attn_mask must broadcast to (B, {2 * self.num_heads}, {N}, {N}) (one map per single head), "
+                f"got shape {list(mask.shape)}"
+            )
+        return mask.reshape(mask.size(0), self.num_heads, 2 * N, mask.size(-1))
 
     def _softmax_maps(
         self, q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool
@@ -330,43 +381,38 @@ class DifferentialAttention(DiffAttention):
     ) -> torch.Tensor:
         B, N, C = x.shape
         h, d = self.num_heads, self.head_dim
-        q, k, v, v_pair = self._qkv(x)
-        lam = self._compute_lambda()
-        combined: torch.Tensor | None = None  # (A1 - lam A2) V_j per differential head (paper, explicit path)
-        if self._use_sdpa(x):
-            # one call over the 2h single maps, each applied to the 2d-wide value of its differential head
-            values = v_pair.unsqueeze(2).expand(B, h, 2, N, 2 * d).reshape(B, 2 * h, N, 2 * d)
-            pair_out = F.scaled_dot_product_attention(
-                q, k, values, attn_mask=attn_mask, dropout_p=self.attn_drop.p if self.training else 0.0, is_causal=is_causal
-            ).view(B, h, 2, N, 2 * d)
-        else:
-            maps = self.attn_drop(self._softmax_maps(q, k, attn_mask, is_causal)).view(B, h, 2, N, N)
-            if self.mode == "paper":
-                # combine the pair into one map first: the FLOPs of plain attention
-                combined = torch.addcmul(maps[:, :, 0], maps[:, :, 1], -lam.to(maps.dtype)) @ v_pair
-                pair_out = combined
-            else:
-                pair_out = maps @ v_pair.unsqueeze(2)
-        if combined is not None:
-            x = combined
-        else:
-            o1, o2 = pair_out.unbind(2)  # A1 V_j and A2 V_j, (B, h, N, 2d)
-            neg_lam = -lam.to(o1.dtype)
+        q, k, _, v_pair = self._qkv(x)
+        neg_lam = -self._compute_lambda()
+        if self._use_sdpa():
+            o1, o2 = self._sdpa_pairs(q, k, v_pair, attn_mask, is_causal)  # A1 V_j and A2 V_j, (B, h, N, 2d)
+            neg_lam = neg_lam.to(o1.dtype)
             if self.mode == "paper":
                 x = torch.addcmul(o1, o2, neg_lam)
             else:
                 # single head 2j: (A1 - lam A2) v_2j; single head 2j+1: (A2 - lam A1) v_2j+1
-                x = torch.stack(
+                x = torch.cat(
                     (torch.addcmul(o1[..., :d], o2[..., :d], neg_lam), torch.addcmul(o2[..., d:], o1[..., d:], neg_lam)),
-                    dim=2,
-                ).reshape(B, 2 * h, N, d)
+                    dim=-1,
+                )
+        else:
+            maps = self.attn_drop(self._softmax_maps(q, k, attn_mask, is_causal)).view(B, h, 2, N, N)
+            a1, a2 = maps.unbind(2)
+            neg_lam = neg_lam.to(maps.dtype)
+            if self.mode == "paper":
+                x = torch.addcmul(a1, a2, neg_lam) @ v_pair
+            else:
+                x = torch.cat(
+                    (torch.addcmul(a1, a2, neg_lam) @ v_pair[..., :d], torch.addcmul(a2, a1, neg_lam) @ v_pair[..., d:]),
+                    dim=-1,
+                )
+        # x: (B, h, N, 2d), the channels of single heads 2j and 2j+1 side by side
         if self.use_sub_norm:
             # RMS norm per differential head, the (1 - lambda_init) scale folded into the per-row factor: one
             # reduction pass and two elementwise passes over x
             sq = torch.linalg.vector_norm(x, ord=2, dim=-1, keepdim=True, dtype=torch.float32).square() / (2 * d)
             factor = (torch.rsqrt(sq + self.sub_norm.eps) * self.output_scale).to(x.dtype)
             x = (x * factor).mul_(self.sub_norm.weight.to(x.dtype))
-        # (B, heads, N, width) -> (B, N, C): channel order of the pretrained heads
+        # (B, h, N, 2d) -> (B, N, C): channel order of the pretrained heads
         x = x.transpose(1, 2).reshape(B, N, C)
         x = self.norm(x)
         x = self.proj(x)
@@ -406,7 +452,7 @@ def convert_to_diff_attention(
         blocks: indices of the blocks to convert (negative indices count from the end); None converts all.
         lambda_init: lambda_init schedule (see :func:`resolve_lambda_init`); the depth is the block index.
         sub_norm: per-head RMS norm and ``1 - lambda_init`` scale in paper mode.
-        attn_impl: ``"auto"``, ``"sdpa"`` or ``"explicit"``.
+        attn_impl: ``"auto"``, ``"sdpa"`` or ``"explicit"`` (see :class:`DifferentialAttention`).
 
     Returns:
         The sorted indices of the converted blocks.
