@@ -114,8 +114,7 @@ def pool(tmp_path_factory):
     return paths
 
 
-@pytest.fixture(scope="module")
-def network():
+def _network():
     from monai_vce.networks import TINY_MODEL_NAME, DiffAttnCLIPClassifier
 
     torch.manual_seed(0)
@@ -170,24 +169,40 @@ def _infer(n_frames: int, pool: list[str], network, out_dir: Path, leak: bool = 
     return growth
 
 
-@pytest.fixture
-def one_thread():
-    # the two loader workers and the network share the cores: no OpenMP spinning against them
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _measure(n_frames: int, pool_dir: str, out_dir: str, leak: bool = False) -> float:
+    """One measurement in this (fresh) process: a warm-up run, then the measured run."""
+    torch.set_num_threads(1)  # the two loader workers and the network share the cores
+    pool = sorted(str(p) for p in Path(pool_dir).glob("frame_*.PNG"))
+    network = _network()
+    _infer(BATCH, pool, network, Path(out_dir) / "warm")  # first-run allocations (thread pools, caches) out of the way
+    return _infer(n_frames, pool, network, Path(out_dir) / "run", leak=leak)
 
 
-def test_memory_bounded_from_2k_to_20k_frames(pool, network, tmp_path, one_thread):
-    _infer(BATCH, pool, network, tmp_path / "warm")  # first-run allocations (thread pools, caches) out of the way
-    short = _infer(2_000, pool, network, tmp_path / "short")
-    long = _infer(20_000, pool, network, tmp_path / "long")
+def _measure_in_subprocess(n_frames: int, pool: list[str], out_dir: Path, leak: bool = False) -> float:
+    # A fresh process per measurement: in one process, a run reuses heap pages that an earlier run freed (glibc
+    # keeps them), so a later run's growth, leaking or not, would be hidden.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import test_streaming_memory as t; "
+        "print('GROWTH', t._measure(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5] == '1'))"
+    )
+    args = [str(Path(__file__).parent), str(n_frames), str(Path(pool[0]).parent), str(out_dir), "1" if leak else "0"]
+    res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    print(res.stdout)
+    return float(next(line for line in res.stdout.splitlines() if line.startswith("GROWTH")).split()[1])
+
+
+def test_memory_bounded_from_2k_to_20k_frames(pool, tmp_path):
+    short = _measure_in_subprocess(2_000, pool, tmp_path / "short")
+    long = _measure_in_subprocess(20_000, pool, tmp_path / "long")
     print(f"peak growth: 2,000 frames {short:.1f} MB, 20,000 frames {long:.1f} MB")
     assert long - short < LIMIT_MB, f"memory grew by {long - short:.1f} MB from 2,000 to 20,000 frames"
 
     # control: a pipeline that keeps its frames is caught by the same measurement
-    leaky = _infer(10_000, pool, network, tmp_path / "leaky", leak=True)
+    leaky = _measure_in_subprocess(10_000, pool, tmp_path / "leaky", leak=True)
     assert leaky - short > LIMIT_MB, f"control grew by only {leaky - short:.1f} MB"
 
 
