@@ -1,15 +1,14 @@
 """Small helpers that the bundle's JSON configs call through ``$monai_vce.workflows...`` expressions.
 
 They keep the configs readable: building and splitting the datalist, skipping videos an interrupted inference
-run already finished, generating the demo data on first use, optimizer parameter groups with a backbone
-learning-rate multiplier or layer-wise decay, and loading the tuned decoder parameters.
+run already finished, generating the demo data on first use, and loading the tuned decoder parameters.
+(Optimizer parameter groups come from the network itself: ``DiffAttnCLIPClassifier.param_groups``.)
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import tempfile
 import warnings
@@ -27,7 +26,6 @@ __all__ = [
     "pending_frames",
     "completed_videos",
     "ensure_mini_galar",
-    "param_groups",
     "decoder_params",
     "check_folder",
     "check_backbone",
@@ -196,59 +194,6 @@ def ensure_mini_galar(
             shutil.rmtree(tmp, ignore_errors=True)
     logger.info(f"generated mini-Galar ({videos} videos x {frames_per_video} frames, {size} px): {out}")
     return str(out)
-
-
-_NO_DECAY = re.compile(r"(^|\.)(bias|cls_token|pos_embed|positional_embedding|class_embedding|logit_scale)$|lambda|norm")
-_BLOCK = re.compile(r"(?:^|\.)(?:blocks|resblocks|layers)\.(\d+)\.")
-
-
-def _unwrap(network: Any) -> Any:
-    return network.module if hasattr(network, "module") and not hasattr(network, "backbone") else network
-
-
-def param_groups(
-    network: Any,
-    lr: float,
-    weight_decay: float = 0.05,
-    backbone_lr_scale: float = 0.1,
-    layer_decay: float | None = None,
-    backbone_prefixes: Sequence[str] = ("backbone.", "visual.", "image_encoder.", "encoder.", "trunk."),
-) -> list[dict]:
-    """Optimizer parameter groups: a smaller learning rate for the pretrained backbone, no decay on norms/biases.
-
-    Args:
-        network: the network (a ``DistributedDataParallel`` wrapper is unwrapped).
-        lr: learning rate of the new layers (heads).
-        weight_decay: weight decay of matrices; biases, norms, embeddings, tokens, differential-attention
-            lambdas and the logit scale get none.
-        backbone_lr_scale: multiplier of ``lr`` for backbone parameters.
-        layer_decay: layer-wise decay instead of one multiplier: block ``i`` of ``n`` gets
-            ``lr * backbone_lr_scale * layer_decay ** (n - 1 - i)``, parameters before the blocks (patch
-            embedding) ``layer_decay ** n``; ``None`` disables it.
-        backbone_prefixes: name prefixes of backbone parameters.
-
-    Returns:
-        A list of ``{"params", "lr", "weight_decay"}`` groups for ``torch.optim.AdamW``; groups with no
-        parameters are left out.
-    """
-    net = _unwrap(network)
-    named = [(n, p) for n, p in net.named_parameters() if p.requires_grad]
-    if not named:
-        raise ValueError("the network has no trainable parameters")
-    blocks = [int(m.group(1)) for n, _ in named if (m := _BLOCK.search(n))]
-    n_blocks = max(blocks) + 1 if blocks else 0
-    groups: dict[tuple[float, float], list] = {}
-    for name, p in named:
-        scale = 1.0
-        if name.startswith(tuple(backbone_prefixes)):
-            scale = backbone_lr_scale
-            if layer_decay is not None and n_blocks:
-                m = _BLOCK.search(name)
-                depth = int(m.group(1)) + 1 if m else (0 if "embed" in name or "conv" in name else n_blocks)
-                scale *= layer_decay ** (n_blocks - depth)
-        wd = 0.0 if (p.ndim <= 1 or _NO_DECAY.search(name)) else weight_decay
-        groups.setdefault((scale, wd), []).append(p)
-    return [{"params": ps, "lr": lr * s, "weight_decay": wd} for (s, wd), ps in sorted(groups.items(), reverse=True)]
 
 
 def decoder_params(path: PathLike | None) -> Any:

@@ -14,6 +14,7 @@ from bundle_helpers import (
     CONFIGS,
     DEMO,
     EVALUATE,
+    FRAME_CACHE,
     INFERENCE,
     METADATA,
     MULTI_GPU_TRAIN,
@@ -46,11 +47,14 @@ def _workflow(files, workflow_type, **override):
         ([INFERENCE], "infer"),
         ([INFERENCE, DEMO], "infer"),
         ([TRAIN, EVALUATE], "infer"),
+        ([TRAIN, DEMO, FRAME_CACHE], "train"),
     ],
 )
 def test_check_properties(files, workflow_type, mini_galar, monkeypatch, tmp_path):
     # properties are parsed (datasets built), so the tiny data and backbone keep this fast and offline
     override = {**TINY, "dataset_dir": str(mini_galar), "ckpt_dir": str(tmp_path / "models")}
+    if FRAME_CACHE in files:
+        override.update(frame_cache_dir=str(tmp_path / "cache"), frame_cache_size=64, num_workers=0, progress=False)
     if MULTI_GPU_TRAIN in files:
         # the multi-GPU config starts a process group in initialize: a one-process gloo group here
         for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
@@ -60,6 +64,14 @@ def test_check_properties(files, workflow_type, mini_galar, monkeypatch, tmp_pat
     wf = _workflow(files, workflow_type, **override)
     try:
         assert wf.check_properties() == []
+        if FRAME_CACHE in files:  # the training dataset reads the cache built at construction
+            from monai_vce.data import FrameCacheDataset
+
+            dataset = wf.parser.get_parsed_content("train#dataset")
+            assert isinstance(dataset, FrameCacheDataset)
+            assert sorted(p.name for p in (tmp_path / "cache" / "64px").glob("*.npy")) == sorted(
+                f"{v}.npy" for v in dict.fromkeys(d["video_id"] for d in dataset.data)
+            )
     finally:
         if torch.distributed.is_initialized():
             import ignite.distributed as idist
@@ -227,26 +239,34 @@ def test_hub_failure_message_names_the_alternatives(monkeypatch):
     assert "--backbone local-dir:" in msg and "open_clip_pytorch_model.bin" in msg and "monai_vce.demo" in msg
 
 
-def test_param_groups_backbone_multiplier_and_no_decay():
-    from monai_vce.networks import DiffAttnCLIPClassifier
-    from monai_vce.workflows import param_groups
+def test_optimizer_uses_the_network_param_groups():
+    """train.json's optimizer takes its groups from ``DiffAttnCLIPClassifier.param_groups`` (one definition)."""
+    import monai_vce.workflows as wf
+    from monai.bundle import ConfigParser
 
-    net = DiffAttnCLIPClassifier(**TINY)
-    groups = param_groups(net, lr=1e-3, weight_decay=0.05, backbone_lr_scale=0.1)
+    assert not hasattr(wf, "param_groups")
+    parser = ConfigParser()
+    parser.read_config(TRAIN)
+    for k, v in {**TINY, "device": "$torch.device('cpu')", "learning_rate": 1e-3, "backbone_lr_mult": 0.1}.items():
+        parser[k] = v
+    for key in ("backbone", "pretrained", "image_size"):
+        parser[f"network_def#{key}"] = f"@{key}"
+    optimizer = parser.get_parsed_content("train#optimizer")
+    net = parser.get_parsed_content("network")
+    groups = optimizer.param_groups
     ids = {id(p): g for g in groups for p in g["params"]}
-    named = dict(net.named_parameters())
-    assert len(ids) == len(named)  # every parameter exactly once
+    named = {n: p for n, p in net.named_parameters() if p.requires_grad}
+    assert len(ids) == len(named)  # every trainable parameter exactly once
     head = [n for n in named if n.startswith("classifier_head.") and n.endswith("weight") and named[n].ndim == 2][0]
     trunk = [n for n in named if n.startswith("visual.") and "qkv.weight" in n][0]
     bias = [n for n in named if n.endswith(".bias")][0]
     assert ids[id(named[head])]["lr"] == pytest.approx(1e-3) and ids[id(named[head])]["weight_decay"] == 0.05
+    # layer_decay 1.0 (the default): one multiplier for the whole pretrained tower
     assert ids[id(named[trunk])]["lr"] == pytest.approx(1e-4)
     assert ids[id(named[bias])]["weight_decay"] == 0.0
-    layered = param_groups(net, lr=1e-3, backbone_lr_scale=1.0, layer_decay=0.5)
-    lrs = {id(p): g["lr"] for g in layered for p in g["params"]}
-    b0 = [n for n in named if ".blocks.0." in n and "qkv.weight" in n][0]
-    b1 = [n for n in named if ".blocks.1." in n and "qkv.weight" in n][0]
-    assert lrs[id(named[b1])] == pytest.approx(1e-3) and lrs[id(named[b0])] == pytest.approx(5e-4)
+    # the same groups as the network's own method
+    expected = net.param_groups(lr=1e-3, backbone_lr_mult=0.1, layer_decay=1.0, weight_decay=0.05)
+    assert [(g["name"], g["lr"], len(g["params"])) for g in expected] == [(g["name"], g["lr"], len(g["params"])) for g in groups]
 
 
 def test_config_file_list_syntax_matches_docs():

@@ -170,3 +170,96 @@ def test_multilabel_average_precision_matches_monai():
     ref = np.array([float(v) for v in m.aggregate()])
     assert np.isnan(ours[4])
     np.testing.assert_allclose(ours[~np.isnan(ours)], ref[~np.isnan(ours)], rtol=1e-6)
+
+
+class _Head(torch.nn.Module):
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.body = torch.nn.Linear(4, 8)
+        self.head = torch.nn.Linear(8, num_classes)
+
+
+def _load_with(path, load_dict):
+    from monai_vce.handlers import VCECheckpointLoader
+
+    engine = Engine(lambda e, b: 0)
+    VCECheckpointLoader(load_path=str(path), load_dict=load_dict).attach(engine)
+    engine.run([0], max_epochs=1)
+
+
+def test_checkpoint_loader_names_the_file_and_class_counts(tmp_path):
+    five = tmp_path / "five.pt"
+    torch.save(_Head(5).state_dict(), five)
+    with pytest.raises(ValueError) as info:
+        _load_with(five, {"model": _Head(17)})
+    msg = str(info.value)
+    assert msg == (
+        f"checkpoint {five} is a network of 5 classes, the configured network has 17: use a checkpoint trained "
+        f"for 17 classes (or set the network's num_classes)"
+    )
+    # another mismatch: the file and the first problem, on one line
+    partial = tmp_path / "partial.pt"
+    torch.save({"head.weight": torch.zeros(17, 8), "head.bias": torch.zeros(17)}, partial)
+    with pytest.raises(ValueError) as info:
+        _load_with(partial, {"model": _Head(17)})
+    assert str(info.value).startswith(f"checkpoint {partial} does not fit the configured network: Missing key(s)")
+    assert "\n" not in str(info.value)
+    # a matching checkpoint loads (nested under its key, as in a training checkpoint)
+    net, ref = _Head(17), _Head(17)
+    both = tmp_path / "both.pt"
+    torch.save({"model": ref.state_dict(), "other": ref.state_dict()}, both)
+    _load_with(both, {"model": net, "other": _Head(17)})
+    assert torch.equal(net.head.weight, ref.head.weight)
+
+
+def test_best_metric_state_round_trip(tmp_path):
+    from monai.engines import SupervisedEvaluator
+
+    from monai_vce.handlers import BestMetricState
+
+    def evaluator():
+        return SupervisedEvaluator(device=torch.device("cpu"), val_data_loader=[0], network=_Head(17), epoch_length=1)
+
+    saver = AtomicCheckpointSaver(str(tmp_path), {"model": _Head(17)}, save_key_metric=True, key_metric_filename="model.pt")
+    ev = evaluator()
+    ev.state.best_metric, ev.state.best_metric_epoch = 0.75, 3
+    saver._key_metric_checkpoint.load_state_dict({"_saved": [(0.75, "model_key_metric=0.7500.pt")]})
+    path = tmp_path / "state.pt"
+    torch.save({"best": BestMetricState(ev, saver).state_dict()}, path)
+
+    new_saver = AtomicCheckpointSaver(str(tmp_path), {"model": _Head(17)}, save_key_metric=True, key_metric_filename="model.pt")
+    new_ev = evaluator()
+    assert new_ev.state.best_metric_epoch == -1
+    BestMetricState(new_ev, new_saver).load_state_dict(torch.load(path, weights_only=True)["best"])
+    assert (new_ev.state.best_metric, new_ev.state.best_metric_epoch) == (0.75, 3)
+    assert [(i.priority, i.filename) for i in new_saver._key_metric_checkpoint._saved] == [(0.75, "model_key_metric=0.7500.pt")]
+    with pytest.raises(KeyError, match="best_metric_epoch"):
+        BestMetricState(new_ev, new_saver).load_state_dict({"best_metric": 1.0})
+
+
+def test_event_writer_draws_the_timelines_or_warns_once_without_matplotlib(tmp_path, monkeypatch, caplog):
+    import logging
+
+    import monai_vce.report.summary as summary
+
+    batches, _, _, _ = _batches({"1": 6, "2": 8}, batch=5)
+    writer = TemporalEventWriter(tmp_path / "probs", events_file=tmp_path / "events.json", report_dir=tmp_path / "report", name="vce")
+    engine = _engine(batches)
+    writer.attach(engine)
+    engine.run(batches, max_epochs=1)
+    assert sorted(p.name for p in (tmp_path / "report" / "timelines").iterdir()) == ["1.png", "2.png"]
+    assert (tmp_path / "report" / "summary.md").is_file()
+
+    # without matplotlib: the events are still written, the report is skipped with a one-line warning
+    def missing():
+        raise ImportError("monai_vce.report draws its figures with matplotlib, which is not installed")
+
+    monkeypatch.setattr(summary, "require_matplotlib", missing)
+    writer.report_dir = tmp_path / "report2"
+    (tmp_path / "events.json").unlink()
+    with caplog.at_level(logging.WARNING, logger="vce"):
+        writer.write_events()
+    assert (tmp_path / "events.json").is_file() and not (tmp_path / "report2").exists()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "install monai-vce[report]" in warnings[0] and "\n" not in warnings[0]

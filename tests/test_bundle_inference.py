@@ -50,6 +50,10 @@ def test_inference_writes_probabilities_and_events(inferred, mini_galar):
     events = load_events(out / "events.json")  # validated on load
     assert [v["video_id"] for v in events["videos"]] == videos
     assert "wrote" in log and "events.json" in log
+    # the timelines of every video, without ground truth (no summary chart, which needs scores)
+    assert sorted(p.stem for p in (out / "report" / "timelines").glob("*.png")) == sorted(videos)
+    assert (out / "report" / "summary.md").is_file() and not (out / "report" / "summary.png").exists()
+    assert not (out / ".monai_vce.lock").exists()  # the output folder's lock is released at the end
 
 
 def test_inference_is_resumable_after_a_kill(inferred, mini_galar, tmp_path):

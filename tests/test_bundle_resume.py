@@ -23,6 +23,15 @@ def test_training_killed_after_epoch_1_resumes(tmp_path, mini_galar):
     epoch_length = last["trainer"]["epoch_length"]
     assert last["trainer"]["iteration"] == epoch_length  # one epoch done
     assert (out / "models" / "model.pt").is_file()
+    # the validator's best metric and the best-model saver's memory are in the checkpoint
+    best_state = last["best"]
+    assert best_state["best_metric_epoch"] == 1 and 0.0 <= best_state["best_metric"] <= 1.0
+    assert [p for p, _ in best_state["saved"]] == [best_state["best_metric"]]
+    # make the epoch-1 model unbeatable (mAP <= 1): a resumed run that forgot it would overwrite model.pt
+    best_state["best_metric"] = 2.0
+    best_state["saved"] = [(2.0, name) for _, name in best_state["saved"]]
+    torch.save(last, out / "models" / "checkpoint_last.pt")
+    kept = {name: (out / "models" / name).read_bytes() for name in ("model.pt", "decoder.json", "thresholds.json")}
 
     proc = run_bundle(base + overrides + ["--resume", "True"])
     log = proc.stdout + proc.stderr
@@ -33,6 +42,11 @@ def test_training_killed_after_epoch_1_resumes(tmp_path, mini_galar):
     assert "Epoch: 2/2, Iter: 1/" in log and "Epoch: 1/2" not in log
     last = torch.load(out / "models" / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     assert last["trainer"]["iteration"] == 2 * epoch_length and last["trainer"]["max_epochs"] == 2
+    # epoch 2 did not beat the restored best: the best model, its decoder and thresholds are untouched
+    assert (last["best"]["best_metric"], last["best"]["best_metric_epoch"]) == (2.0, 1)
+    assert "Got new best metric" not in log
+    for name, data in kept.items():
+        assert (out / "models" / name).read_bytes() == data, f"{name} was overwritten after resuming"
     best = torch.load(out / "models" / "model.pt", map_location="cpu", weights_only=True)
     assert all(torch.isfinite(v).all() for v in best.values() if v.is_floating_point())
     from monai_vce.networks import DiffAttnCLIPClassifier

@@ -53,6 +53,12 @@ def test_training_log_reports_validation_metrics(run):
     for name in ("val_mAP@0.5", "val_mean_AP", "val_macro_F1", "train_loss"):
         assert name in log, name
     assert "decoder tuned on" in log
+    # the progress handlers' summaries: every sampled training frame (3 batches of 8), every validation frame
+    import re
+
+    assert re.findall(r"VCETrainer - INFO - training: (\d+) frames in", log) == ["24", "24"]
+    val = re.findall(r"SupervisedEvaluator - INFO - validation: (\d+) frames, (\d+) videos in", log)
+    assert len(val) == 2 and val[0] == val[1] and int(val[0][0]) > 0 and int(val[0][1]) >= 1
 
 
 def test_tracking_flag_needs_mlflow(tmp_path, mini_galar):
@@ -64,3 +70,21 @@ def test_tracking_flag_needs_mlflow(tmp_path, mini_galar):
     args = ["run", "training", "--config_file", config_list(TRAIN, DEMO), "--tracking", "mlflow"]
     run_bundle(args + tiny_overrides(mini_galar, out, max_epochs=1, tracking_uri=f"file://{tmp_path / 'mlruns'}"))
     assert (out / "models" / "model.pt").is_file()
+
+
+def test_training_from_the_frame_cache(tmp_path, mini_galar):
+    """frame_cache.json: the training frames are decoded once into the cache, then read from it."""
+    from bundle_helpers import FRAME_CACHE, config_list, run_bundle, tiny_overrides
+
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    args = ["run", "training", "--config_file", config_list(TRAIN, DEMO, FRAME_CACHE)]
+    extra = {"max_epochs": 1, "frame_cache_dir": cache, "frame_cache_size": 64}
+    run_bundle(args + tiny_overrides(mini_galar, out, **extra))
+    arrays = sorted(cache.glob("64px/*.npy"))
+    manifests = sorted(cache.glob("64px/*.json"))
+    assert arrays and len(arrays) == len(manifests)
+    assert (out / "models" / "model.pt").is_file() and (out / "models" / "checkpoint_last.pt").is_file()
+    # a second run reuses the cache: the arrays are not rewritten
+    stamps = [p.stat().st_mtime_ns for p in arrays]
+    run_bundle(args + tiny_overrides(mini_galar, tmp_path / "run2", **extra))
+    assert [p.stat().st_mtime_ns for p in arrays] == stamps

@@ -539,6 +539,23 @@ def test_two_inference_runs_on_one_output_folder(
     assert (out / "events.json").read_bytes() == (reference_inference / "events.json").read_bytes()
 
 
+def test_training_refuses_a_checkpoint_folder_in_use(mini_galar: Path, tmp_path: Path) -> None:
+    """A training run on a checkpoint folder another run holds is refused before it writes anything."""
+    from monai_vce.utils import OutputLock
+
+    ckpt = tmp_path / "ckpt"
+    log = tmp_path / "holder.log"
+    holder = _start([sys.executable, "-c", _HOLD_LOCK, str(ckpt)], log)
+    try:
+        _wait_for(lambda: "locked" in log.read_text(), holder, timeout=60, log=log)
+        res = _run(_bundle_argv("training", TRAIN_CFG, dataset_dir=mini_galar, ckpt_dir=ckpt, max_epochs=1))
+    finally:
+        _sigkill(holder)
+    assert res.returncode != 0
+    assert f"output folder {ckpt} is in use by another run (process {holder.pid})" in res.stdout + res.stderr
+    assert sorted(p.name for p in ckpt.iterdir()) == [OutputLock.name]  # nothing written
+
+
 # ============================================================================================ bad inputs
 @pytest.fixture
 def frames_copy(mini_galar: Path, tmp_path: Path) -> Path:

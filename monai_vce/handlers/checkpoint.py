@@ -8,6 +8,11 @@ killed during a save (SIGKILL, power loss) can therefore leave a truncated check
 a file replaced under the same name is only swapped once the new one is complete. It also accepts a fixed file
 name for the interval checkpoint (``interval_filename``), so that resuming always reads the same path, e.g.
 ``checkpoint_last.pt``.
+
+:class:`VCECheckpointLoader` is MONAI's ``CheckpointLoader`` (``weights_only=True`` loading) whose errors on a
+checkpoint that does not fit the network name the file and, for another number of classes, both class counts.
+:class:`BestMetricState` puts the validator's best key metric (and its epoch) and the best-model saver's
+memory into the training checkpoint, so that a resumed run only replaces ``model.pt`` with a better model.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from monai.handlers import CheckpointSaver
+from monai.handlers import CheckpointLoader, CheckpointSaver
 from monai.utils import IgniteInfo, min_version, optional_import
 
 from monai_vce.utils import atomic_write_bytes
@@ -27,7 +32,7 @@ idist, _ = optional_import("ignite", IgniteInfo.OPT_IMPORT_VERSION, min_version,
 BaseSaveHandler, _ = optional_import("ignite.handlers.checkpoint", IgniteInfo.OPT_IMPORT_VERSION, min_version, "BaseSaveHandler")
 DiskSaver, _ = optional_import("ignite.handlers", IgniteInfo.OPT_IMPORT_VERSION, min_version, "DiskSaver")
 
-__all__ = ["AtomicDiskSaver", "AtomicCheckpointSaver"]
+__all__ = ["AtomicDiskSaver", "AtomicCheckpointSaver", "VCECheckpointLoader", "BestMetricState"]
 
 
 class AtomicDiskSaver(DiskSaver):
@@ -92,3 +97,119 @@ class AtomicCheckpointSaver(CheckpointSaver):
         for ckpt, filename in fixed:
             if ckpt is not None:
                 ckpt.save_handler = AtomicDiskSaver(self.save_dir, filename=filename)
+
+
+def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    return module.module if isinstance(getattr(module, "module", None), torch.nn.Module) else module
+
+
+class VCECheckpointLoader(CheckpointLoader):
+    """MONAI's ``CheckpointLoader`` with a one-line error naming the file when the checkpoint does not fit.
+
+    torch's ``load_state_dict`` error lists every mismatched tensor but not the file. This loader re-raises it
+    as a ``ValueError`` naming ``load_path``, and for a checkpoint of another number of classes both class
+    counts. Loading stays ``torch.load(..., weights_only=True)`` (MONAI's loader).
+
+    Args:
+        load_path: the checkpoint file.
+        load_dict: objects to load, e.g. ``{"model": network}``.
+        kwargs: the other arguments of ``monai.handlers.CheckpointLoader`` (``name``, ``map_location``,
+            ``strict``, ``strict_shape``).
+
+    Example (bundle JSON)::
+
+        {"_target_": "monai_vce.handlers.VCECheckpointLoader", "load_path": "@model_file",
+         "load_dict": {"model": "@network"}, "map_location": "@device"}
+    """
+
+    def __init__(self, load_path: str, load_dict: dict, **kwargs: Any) -> None:
+        super().__init__(load_path=load_path, load_dict=load_dict, **kwargs)
+
+    def __call__(self, engine: Any) -> None:
+        try:
+            super().__call__(engine)
+        except RuntimeError as e:
+            if "Error(s) in loading state_dict" not in str(e):
+                raise
+            raise ValueError(self._mismatch_message(e)) from None
+
+    def _class_counts(self) -> tuple[int, int] | None:
+        """(classes of the checkpoint, classes of the network), from the tensors sized by the class count."""
+        checkpoint = torch.load(self.load_path, map_location="cpu", weights_only=True)
+        for key, obj in self.load_dict.items():
+            net = _unwrap(obj) if isinstance(obj, torch.nn.Module) else None
+            n_model = getattr(net, "num_classes", None)
+            if net is None or n_model is None:
+                continue
+            state = checkpoint[key] if len(self.load_dict) > 1 or key in checkpoint else checkpoint
+            if not isinstance(state, Mapping):
+                continue
+            for name, tensor in net.state_dict().items():
+                saved = state.get(name)
+                if (
+                    isinstance(saved, torch.Tensor)
+                    and tensor.ndim >= 1
+                    and tensor.shape[0] == n_model
+                    and saved.ndim == tensor.ndim
+                    and saved.shape[0] != n_model
+                ):
+                    return int(saved.shape[0]), int(n_model)
+        return None
+
+    def _mismatch_message(self, error: RuntimeError) -> str:
+        try:
+            counts = self._class_counts()
+        except Exception:  # the message must not hide the original error behind a second one
+            counts = None
+        if counts is not None:
+            return (
+                f"checkpoint {self.load_path} is a network of {counts[0]} classes, the configured network has "
+                f"{counts[1]}: use a checkpoint trained for {counts[1]} classes (or set the network's num_classes)"
+            )
+        details = [line.strip() for line in str(error).splitlines()[1:] if line.strip()]
+        first = details[0] if details else str(error).splitlines()[0]
+        more = f" (and {len(details) - 1} more)" if len(details) > 1 else ""
+        return f"checkpoint {self.load_path} does not fit the configured network: {first}{more}"
+
+
+class BestMetricState:
+    """The best key metric of a validator and the memory of its best-model saver, as one checkpointable object.
+
+    MONAI's evaluator keeps ``state.best_metric`` / ``state.best_metric_epoch`` in memory and the best-model
+    ``CheckpointSaver`` remembers the score of the file it wrote; both start over in a new process. Put this
+    object in the training checkpoint's ``save_dict`` (and the resume loader's ``load_dict``) so that a resumed
+    run keeps them: the first validation after resuming then replaces ``model.pt`` (and the tuned decoder and
+    thresholds, written on the best validation) only when it beats the best one before the interruption.
+
+    Args:
+        evaluator: the validator (a MONAI ``Evaluator``).
+        saver: the ``CheckpointSaver`` writing the best model (``save_key_metric=True``), or ``None``.
+
+    Example (bundle JSON)::
+
+        "best_state": {"_target_": "monai_vce.handlers.BestMetricState",
+                       "evaluator": "@validate#evaluator", "saver": "@validate#best_model_saver"}
+    """
+
+    def __init__(self, evaluator: Any, saver: CheckpointSaver | None = None) -> None:
+        self.evaluator = evaluator
+        self.saver = saver
+
+    def state_dict(self) -> dict[str, Any]:
+        state = self.evaluator.state
+        out: dict[str, Any] = {
+            "best_metric": float(state.best_metric),
+            "best_metric_epoch": int(state.best_metric_epoch),
+        }
+        ckpt = getattr(self.saver, "_key_metric_checkpoint", None)
+        out["saved"] = [(float(item.priority), str(item.filename)) for item in ckpt._saved] if ckpt is not None else []
+        return out
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        for key in ("best_metric", "best_metric_epoch", "saved"):
+            if key not in state_dict:
+                raise KeyError(f"BestMetricState: the checkpoint entry has no {key!r}")
+        self.evaluator.state.best_metric = float(state_dict["best_metric"])
+        self.evaluator.state.best_metric_epoch = int(state_dict["best_metric_epoch"])
+        if self.saver is not None and state_dict["saved"]:
+            self.saver.load_state_dict({"_saved": [(p, f) for p, f in state_dict["saved"]]})

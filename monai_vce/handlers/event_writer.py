@@ -347,6 +347,10 @@ class TemporalEventWriter:
         pred_key: key of the probabilities in the engine output (apply the sigmoid in ``postprocessing``).
         output_transform: see :class:`VideoFrameCollector`.
         batch_transform: see :class:`VideoFrameCollector`.
+        report_dir: folder of the report drawn after the JSON is written (one timeline PNG per video with
+            the frame probabilities behind the predicted events, and a summary; see
+            :func:`monai_vce.report.write_report`); ``None`` draws nothing. Drawing needs matplotlib
+            (``pip install monai-vce[report]``); without it a one-line warning is logged and nothing is drawn.
         name: logger name (``None``: the engine's logger).
 
     Example (bundle JSON)::
@@ -365,6 +369,7 @@ class TemporalEventWriter:
         pred_key: str = "pred",
         output_transform: Callable[[Any], Any] | None = None,
         batch_transform: Callable[[Any], Any] | None = None,
+        report_dir: PathLike | None = None,
         name: str | None = None,
     ) -> None:
         if units not in (None, "index", "frame_number"):
@@ -374,6 +379,7 @@ class TemporalEventWriter:
         self.decoder = decoder
         self.units = units
         self.videos = None if videos is None else [str(v) for v in videos]
+        self.report_dir = None if report_dir is None else Path(report_dir)
         self.logger = logging.getLogger(name)
         self._name = name
         self.collector = VideoFrameCollector(
@@ -411,10 +417,11 @@ class TemporalEventWriter:
         return sorted((p.stem for p in self.output_dir.glob("*.npz")), key=_natural_key)
 
     def write_events(self) -> Path | None:
-        """Decode every video's ``.npz`` and write the event JSON atomically (rank 0 only).
+        """Decode every video's ``.npz`` and write the event JSON atomically (rank 0 only), then the report.
 
         Reads one video at a time, so memory is bounded by the longest video. Can be called on its own (e.g.
-        when every video was already complete and the engine had nothing to run).
+        when every video was already complete and the engine had nothing to run). With ``report_dir``, the
+        timelines of the videos are drawn after the JSON is written.
 
         Returns:
             The JSON path, or ``None`` on other ranks or when ``events_file`` is ``None``.
@@ -446,7 +453,36 @@ class TemporalEventWriter:
         path = save_events(self.events_file, out)
         n_events = sum(len(v["events"]) for v in out["videos"])
         self.logger.info(f"wrote {n_events} events of {len(out['videos'])} videos: {path}")
+        if self.report_dir is not None:
+            self.write_report(out, units)
         return path
+
+    def write_report(self, events: Mapping[str, Any], units: str) -> Path | None:
+        """Draw the timelines of ``events`` (with the probabilities of ``output_dir``) under ``report_dir``.
+
+        Returns:
+            ``report_dir``, or ``None`` when matplotlib is missing (a warning says so) or no report is asked.
+        """
+        if self.report_dir is None:
+            return None
+        try:
+            from monai_vce.report import write_report
+
+            names = {v["video_id"] for v in events["videos"]}
+            # probability files of other videos (an earlier run on more videos) would be refused: draw
+            # the events alone then
+            strays = [p.name for p in self.output_dir.glob("*.npz") if p.stem not in names]
+            if strays:
+                self.logger.warning(
+                    f"{self.output_dir} holds probability files of videos not in this run ({', '.join(strays[:3])}"
+                    f"{' ...' if len(strays) > 3 else ''}): the report draws the events without probabilities"
+                )
+            write_report(events, self.report_dir, probs_dir=None if strays else self.output_dir, units=units)
+        except ImportError as e:  # matplotlib is an optional extra
+            self.logger.warning(f"report not drawn ({e}); install monai-vce[report] for timelines")
+            return None
+        self.logger.info(f"drew the timelines of {len(events['videos'])} videos: {self.report_dir}")
+        return self.report_dir
 
     def _completed(self, engine: Engine) -> None:
         self.write_events()

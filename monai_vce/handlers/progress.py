@@ -37,6 +37,8 @@ class FrameProgressHandler:
         desc: label in front of the bar.
         name: logger name for the summary; defaults to ``engine.logger``.
         log_summary: log the summary line at the end of each epoch.
+        count_videos: count videos (frames of a video arrive together, as in inference and validation); set
+            ``False`` for training, whose sampler draws frames of any video in any order.
 
     Example::
 
@@ -51,6 +53,7 @@ class FrameProgressHandler:
         desc: str = "frames",
         name: str | None = None,
         log_summary: bool = True,
+        count_videos: bool = True,
     ) -> None:
         self.enabled = enabled
         self.video_key = video_key
@@ -58,6 +61,7 @@ class FrameProgressHandler:
         self.desc = desc
         self.logger = logging.getLogger(name) if name is not None else None
         self.log_summary = log_summary
+        self.count_videos = count_videos
         self._bar: Any = None
         self.frames = 0
         self.videos = 0
@@ -112,7 +116,11 @@ class FrameProgressHandler:
         )
 
     def _count(self, batch: Any) -> tuple[int, list]:
-        ids = batch.get(self.video_key) if isinstance(batch, dict) else None
+        if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], dict):
+            # a decollated batch (MONAI engines with decollate=True): one dict per frame
+            ids = [item.get(self.video_key) for item in batch]
+            return len(batch), ([] if any(i is None for i in ids) or not self.count_videos else ids)
+        ids = batch.get(self.video_key) if isinstance(batch, dict) and self.count_videos else None
         if ids is not None:
             ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
             return len(ids), ids
@@ -129,7 +137,7 @@ class FrameProgressHandler:
         self.frames += n
         if self._bar is not None:
             self._bar.update(n)
-            if ids:
+            if ids and self.count_videos:
                 videos = f"{self.videos}/{self.total_videos}" if self.total_videos else str(self.videos)
                 self._bar.set_postfix(videos=videos, video=str(self._last_video), refresh=False)
 
@@ -138,9 +146,9 @@ class FrameProgressHandler:
         self.close()
         if self.log_summary and self.logger is not None:
             secs = max(time.perf_counter() - self._t0, 1e-9)
+            videos = f", {self.videos} videos" if self.count_videos else ""
             self.logger.info(
-                f"{self.desc}: {self.frames} frames, {self.videos} videos in {secs:.1f} s "
-                f"({self.frames / secs:.1f} frames/s)"
+                f"{self.desc}: {self.frames} frames{videos} in {secs:.1f} s ({self.frames / secs:.1f} frames/s)"
             )
 
     @property
