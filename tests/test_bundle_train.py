@@ -50,7 +50,7 @@ def test_training_tunes_thresholds_and_decoder(run):
 
 def test_training_log_reports_validation_metrics(run):
     log = run["log"].read_text()
-    for name in ("val_mAP@0.5", "val_mean_AP", "val_macro_F1", "train_loss"):
+    for name in ("val_temporal_mAP", "val_mean_AP", "val_macro_F1", "train_loss"):
         assert name in log, name
     assert "decoder tuned on" in log
     # the progress handlers' summaries: every sampled training frame (3 batches of 8), every validation frame
@@ -68,8 +68,9 @@ def test_tracking_flag_needs_mlflow(tmp_path, mini_galar):
 
     out = tmp_path / "run"
     args = ["run", "training", "--config_file", config_list(TRAIN, DEMO), "--tracking", "mlflow"]
-    run_bundle(args + tiny_overrides(mini_galar, out, max_epochs=1, tracking_uri=f"file://{tmp_path / 'mlruns'}"))
+    run_bundle(args + tiny_overrides(mini_galar, out, max_epochs=1, tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}"))
     assert (out / "models" / "model.pt").is_file()
+    assert (tmp_path / "mlruns.db").is_file()  # the run was tracked
 
 
 def test_training_from_the_frame_cache(tmp_path, mini_galar):

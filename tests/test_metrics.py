@@ -365,7 +365,7 @@ def test_ignite_metric_on_synthetic_videos(decollate):
     expected = temporal_map(gt, pred)
     assert expected["mAP@0.5"] < 1.0
     assert engine.state.metrics["tmap"] == pytest.approx(expected["mAP@0.5"])
-    assert engine.state.metrics["tmap@0.95"] == pytest.approx(expected["mAP@0.95"])
+    assert engine.state.metrics["tmap_tiou0.95"] == pytest.approx(expected["mAP@0.95"])
     assert engine.state.metric_details["tmap"]["per_video"]["v1"]["mAP@0.5"] == 1.0
     assert set(engine.state.metric_details["tmap"]["per_video"]) == {"v1", "v2"}
 

@@ -88,7 +88,8 @@ class TemporalMAPMetric(Metric):
             ``monai_vce.postprocessing.EventDecoder``); default :func:`threshold_decoder` at 0.5.
         threshold: the tIoU threshold of the value returned by :meth:`compute` (and stored under the
             metric's name in ``engine.state.metrics``).
-        thresholds: further tIoU thresholds, each stored as ``"<name>@<t>"`` in ``engine.state.metrics``.
+        thresholds: further tIoU thresholds, each stored as ``"<name>_tiou<t>"`` in ``engine.state.metrics``
+            (no ``@``: MLflow and TensorBoard accept only plain metric names).
         sigmoid: apply a sigmoid to ``pred`` (when it holds logits rather than probabilities).
         output_transform: ``engine.state.output -> (pred, label)`` or ``(pred, label, video_ids,
             frame_indices)``; default ``monai.handlers.from_engine(["pred", "label"])``.
@@ -220,7 +221,7 @@ class TemporalMAPMetric(Metric):
         engine.state.metrics[name] = value
         for t in self.thresholds:
             if t != self.threshold:
-                engine.state.metrics[f"{name}@{threshold_key(t)}"] = float(self.result[f"mAP@{threshold_key(t)}"])
+                engine.state.metrics[f"{name}_tiou{threshold_key(t)}"] = float(self.result[f"mAP@{threshold_key(t)}"])
         if self.save_details:
             if not hasattr(engine.state, "metric_details"):
                 engine.state.metric_details = {}
