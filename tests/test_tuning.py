@@ -79,11 +79,15 @@ def test_tuned_decoder_beats_paper_chain_and_empty_on_held_out_videos(tmp_path, 
     fit = params["fit"]
     assert fit["videos"] == 20 and fit["presence_folds"] == 5 and 0.0 <= fit["mAP@0.5"] <= 1.0
     assert len(fit["anatomy_objective"]) == 4 and params["anatomy"]["entry_cost"] == 0.0
-    # a label is emitted only when it won out of fold, at both thresholds
+    # a label is emitted only when it won out of fold (weighted over the thresholds) and lost at none
     for name, record in fit["out_of_fold_gain"].items():
         emitted = params["labels"][name]["presence"]["feature"] != "never"
-        wins = all(g > max(n, 0.0) for g, n in zip(record["gain"], record["needed"]))
-        assert emitted == wins, (name, record)
+        assert emitted == record["emit"], (name, record)
+        if abs(record["weighted_gain"] - record["weighted_needed"]) > 1e-3:  # recorded values are rounded
+            wins = record["weighted_gain"] > record["weighted_needed"] and all(
+                g >= -n - 1e-3 for g, n in zip(record["gain"], record["needed"])
+            )
+            assert emitted == wins, (name, record)
     # the fitted parameters survive a JSON round trip and decode the same
     path = params.save(tmp_path / "decoder.json")
     assert DecoderParams.load(path) == params

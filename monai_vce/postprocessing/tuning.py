@@ -24,10 +24,11 @@ Emit or abstain. In-sample, a presence cutoff picked among many candidate decodi
 dozen videos, and on new videos such a rule costs more (a label emitted in a video that lacks it scores 0)
 than it gains. So after each label's steps, the whole per-label fit (choice of candidate decoding and of its
 presence rule) is cross-validated over videos (:func:`~monai_vce.postprocessing.gating.cross_validate_presence`,
-``presence_folds`` folds), and the label keeps its rule only when the out-of-fold mean AP beats never emitting
-it at *every* tIoU threshold, by more than ``presence_cv_z`` standard errors of that mean gain; otherwise its
-rule becomes ``"never"``, what the empty submission does for that label. The out-of-fold gains and the margins
-they had to exceed (per threshold) are recorded in ``params["fit"]["out_of_fold_gain"]``.
+``presence_folds`` folds), and the label keeps its rule only when its out-of-fold mean AP, weighted over the
+tIoU thresholds, beats never emitting it by more than ``presence_cv_z`` standard errors of that mean gain, and no
+scored threshold loses by more than its own margin (a tie at one threshold does not veto a gain at another);
+otherwise its rule becomes ``"never"``, what the empty submission does for that label. The out-of-fold gains and
+margins (per threshold and weighted) are recorded in ``params["fit"]["out_of_fold_gain"]``.
 """
 
 from __future__ import annotations
@@ -258,23 +259,35 @@ class _Tuner:
                 best = (score, values[k] if key else None, rule)
         return best[1], best[2], best[0]
 
-    def decide(self, label: int) -> tuple[bool, np.ndarray, np.ndarray]:
-        """Whether emitting the label beats never emitting it out of fold, at every tIoU threshold.
+    def decide(self, label: int) -> tuple[bool, np.ndarray, np.ndarray, float, float]:
+        """Whether emitting the label beats never emitting it out of fold.
+
+        The label is emitted when its weighted out-of-fold gain over "never" (weights of the tIoU thresholds)
+        exceeds its margin and no scored threshold loses by more than its own margin. A tie at one threshold
+        (e.g. no gain at tIoU 0.95 on short videos) therefore does not veto a clear gain at another.
 
         Returns:
-            ``(emit, gain, need)``: the decision, the ``(N,)`` out-of-fold gain in mean AP over "never" and the
-            ``(N,)`` margin it had to exceed.
+            ``(emit, gain, need, combined, combined_need)``: the decision, the ``(N,)`` out-of-fold gain in mean
+            AP over "never", the ``(N,)`` margin of each threshold, and the weighted gain and its margin.
         """
         absent = np.array([v.absent[label] for v in self.videos])
         if self.folds is None or not self.candidates:
-            return True, np.full(len(self.ths), np.nan), np.full(len(self.ths), np.nan)
+            return True, np.full(len(self.ths), np.nan), np.full(len(self.ths), np.nan), np.nan, np.nan
         oof = cross_validate_presence(self.candidates, absent, self.weights, self.folds, self.min_gain)
         diff = oof - absent[:, None]  # (V, N) per-video gain over never emitting
-        gain = diff.mean(axis=0)
-        se = diff.std(axis=0, ddof=1) / np.sqrt(diff.shape[0]) if diff.shape[0] > 1 else np.zeros_like(gain)
+        n = diff.shape[0]
+
+        def margin(d: np.ndarray) -> np.ndarray:
+            se = d.std(axis=0, ddof=1) / np.sqrt(n) if n > 1 else np.zeros(d.shape[1:])
+            return np.maximum(self.cv_margin, self.cv_z * se)
+
+        gain, need = diff.mean(axis=0), margin(diff)
         scored = self.weights > 0
-        need = np.maximum(self.cv_margin, self.cv_z * se)
-        return bool(np.all(gain[scored] > need[scored])), gain, need
+        w = self.weights[scored] / self.weights[scored].sum()
+        combined = diff[:, scored] @ w  # (V,) per-video weighted gain
+        combined_gain, combined_need = float(combined.mean()), float(margin(combined[:, None])[0])
+        emit = bool(combined_gain > combined_need and np.all(gain[scored] >= -need[scored]))
+        return emit, gain, need, combined_gain, combined_need
 
     def refresh(self, label: int) -> None:
         """Recompute one label's column of every video's current mask with the current parameters."""
@@ -306,10 +319,13 @@ class _Tuner:
                         lp[key] = float(value) if key == "threshold" else int(value)
                         lp["presence"] = rule
                 if lp["presence"]["feature"] != "never":
-                    emit, gain, need = self.decide(label)
+                    emit, gain, need, combined, combined_need = self.decide(label)
                     self.decisions[name] = {
                         "gain": [round(float(g), 4) for g in gain],
                         "needed": [round(float(n), 4) for n in need],
+                        "weighted_gain": round(combined, 4),
+                        "weighted_needed": round(combined_need, 4),
+                        "emit": emit,
                     }
                     if not emit:
                         lp["presence"] = {"feature": "never"}
