@@ -40,6 +40,7 @@ def tiny_overrides(data_dir: Path, out_dir: Path, **extra: Any) -> list[str]:
         "ckpt_dir": str(out_dir / "models"),
         "output_dir": str(out_dir / "eval"),
         "max_epochs": 2,
+        "val_interval": 1,  # the real default (the demo validates only at its end)
         "samples_per_epoch": 24,
         "batch_size": 8,
         "val_batch_size": 32,

@@ -456,3 +456,43 @@ def test_ignite_metric_gathers_across_ranks(tmp_path):
     si = results[0]["per_video"]["v1"]["AP"]["small intestine"]
     assert si == {"0.5": 1.0, "0.95": 0.0}
     assert results[0]["per_video"]["v2"]["mAP@0.5"] == 1.0
+
+
+def test_ignite_metric_cross_fitted_decoder_scores_each_video_with_a_decoder_tuned_on_the_others():
+    from monai_vce.metrics import TemporalMAPMetric
+    from monai_vce.postprocessing import EventDecoder, event_json, frames_to_events, tune_decoder, video_folds
+
+    rng = np.random.default_rng(1)
+    videos = {}
+    for k in range(4):
+        y = _video_targets(80, [("stomach", 0, 19), ("small intestine", 20, 59), ("colon", 60, 79), ("blood", 30 + k, 36 + k)])
+        # a confident but biased model: a fixed 0.5 threshold emits every label everywhere
+        p = np.clip(0.55 + 0.4 * y + rng.normal(0, 0.02, y.shape), 0, 1).astype(np.float32)
+        videos[f"v{k}"] = (p, y)
+    kwargs = {"grids": {"threshold": (0.5, 0.8)}, "anatomy": False, "rounds": 1}
+    cross = TemporalMAPMetric(decoder="cross_fitted", folds=2, tune_kwargs=kwargs)
+    fixed = TemporalMAPMetric()
+    e_cross = _run_engine(cross, _batches(videos, 16, rng))
+    e_fixed = _run_engine(fixed, _batches(videos, 16, rng))
+
+    # the same computation by hand: folds over the sorted video ids, tune on the other fold, decode this one
+    vids = sorted(videos)
+    ids = np.arange(80)
+    gt = {v: frames_to_events(videos[v][1] > 0.5, ids) for v in vids}
+    fold = video_folds(len(vids), 2, seed=0)
+    pred = {}
+    for k in (0, 1):
+        fit = [(videos[v][0], ids, gt[v]) for v, f in zip(vids, fold) if f != k]
+        dec = EventDecoder(tune_decoder(fit, **kwargs))
+        pred.update({v: dec(videos[v][0], ids) for v, f in zip(vids, fold) if f == k})
+    expected = temporal_map(event_json(gt), event_json(pred))
+    assert e_cross.state.metrics["tmap"] == pytest.approx(expected["mAP@0.5"])
+    # the fixed 0.5 threshold is fooled by the bias, the tuned decoder is not
+    assert e_cross.state.metrics["tmap"] > e_fixed.state.metrics["tmap"] + 0.3
+
+    few = TemporalMAPMetric(decoder="cross_fitted", folds=2)
+    with pytest.warns(UserWarning, match="cannot be cross-fitted"):
+        e_few = _run_engine(few, _batches({"v0": videos["v0"]}, 16, rng))
+    assert 0.0 <= e_few.state.metrics["tmap"] <= 1.0
+    with pytest.raises(ValueError, match="cross_fitted"):
+        TemporalMAPMetric(decoder="tuned")

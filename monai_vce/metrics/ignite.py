@@ -83,9 +83,21 @@ class TemporalMAPMetric(Metric):
     ``output_transform`` may instead return all four items, ``(pred, label, video_ids, frame_indices)``,
     and ``batch_transform`` is then not used.
 
+    ``decoder="cross_fitted"`` scores the model as it will be used, with a decoder tuned for it, yet without
+    scoring a video with parameters fitted on that video: the validation videos are dealt into ``folds``
+    folds, and each fold is decoded by :func:`~monai_vce.postprocessing.tune_decoder` fitted on the other
+    folds (``tune_kwargs`` are passed on). A fixed decoder can rank epochs by how well the model happens to
+    suit that decoder (a model that grows more confident may emit more labels that the fixed thresholds
+    keep, and lose the absent-label scores), which the cross-fitted score does not. With fewer than
+    ``folds`` videos it falls back to the default decoder, with a warning.
+
     Args:
         decoder: callable ``(probs (T, 17), frame_ids (T,)) -> events`` (e.g.
-            ``monai_vce.postprocessing.EventDecoder``); default :func:`threshold_decoder` at 0.5.
+            ``monai_vce.postprocessing.EventDecoder``), ``"cross_fitted"`` (see above), or None for
+            :func:`threshold_decoder` at 0.5.
+        folds: number of folds of the ``"cross_fitted"`` decoder.
+        tune_kwargs: keyword arguments of :func:`~monai_vce.postprocessing.tune_decoder` for ``"cross_fitted"``
+            (default: one round).
         threshold: the tIoU threshold of the value returned by :meth:`compute` (and stored under the
             metric's name in ``engine.state.metrics``).
         thresholds: further tIoU thresholds, each stored as ``"<name>_tiou<t>"`` in ``engine.state.metrics``
@@ -107,7 +119,9 @@ class TemporalMAPMetric(Metric):
 
     def __init__(
         self,
-        decoder: Decoder | None = None,
+        decoder: Decoder | str | None = None,
+        folds: int = 2,
+        tune_kwargs: dict[str, Any] | None = None,
         threshold: float = 0.5,
         thresholds: Sequence[float] = (0.5, 0.95),
         sigmoid: bool = False,
@@ -120,7 +134,11 @@ class TemporalMAPMetric(Metric):
     ) -> None:
         from monai.handlers.utils import from_engine
 
+        if isinstance(decoder, str) and decoder != "cross_fitted":
+            raise ValueError(f"decoder must be a callable, 'cross_fitted' or None, got {decoder!r}")
         self.decoder = decoder if decoder is not None else threshold_decoder
+        self.folds = int(folds)
+        self.tune_kwargs = {"rounds": 1, **(tune_kwargs or {})}
         self.threshold = float(threshold)
         self.thresholds = tuple(dict.fromkeys([self.threshold, *map(float, thresholds)]))
         self.sigmoid = sigmoid
@@ -206,15 +224,41 @@ class TemporalMAPMetric(Metric):
         keep = np.r_[True, (vid_arr[1:] != vid_arr[:-1]) | (frames[1:] != frames[:-1])]
         vid_arr, frames, probs, targets = vid_arr[keep], frames[keep], probs[keep], targets[keep]
         bounds = np.flatnonzero(np.r_[True, vid_arr[1:] != vid_arr[:-1], True])
-        gt_videos, pred_videos = {}, {}
+        gt_videos, videos = {}, {}
         for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
             vid, ids = str(vid_arr[lo]), frames[lo:hi]
             gt_videos[vid] = frames_to_events(targets[lo:hi] >= 0.5, ids, mode="label_set")
-            pred_videos[vid] = list(self.decoder(probs[lo:hi], ids))
+            videos[vid] = (probs[lo:hi], ids)
+        if self.decoder == "cross_fitted":
+            pred_videos = self._cross_fitted(videos, gt_videos)
+        else:
+            pred_videos = {vid: list(self.decoder(p, ids)) for vid, (p, ids) in videos.items()}
         self.result = temporal_map(
             event_json(gt_videos), event_json(pred_videos), thresholds=self.thresholds, validate=True
         )
         return float(self.result[f"mAP@{threshold_key(self.threshold)}"])
+
+    def _cross_fitted(self, videos: dict[str, tuple], gt_videos: dict[str, list]) -> dict[str, list]:
+        """Decode each fold of videos with a decoder tuned on the other folds."""
+        import warnings
+
+        from monai_vce.postprocessing import EventDecoder, tune_decoder, video_folds
+
+        vids = sorted(videos)
+        if len(vids) < max(2, self.folds):
+            warnings.warn(
+                f"{type(self).__name__}: {len(vids)} validation video(s) cannot be cross-fitted in {self.folds} "
+                "folds; scoring with the default threshold decoder",
+                stacklevel=2,
+            )
+            return {v: list(threshold_decoder(*videos[v])) for v in vids}
+        fold = video_folds(len(vids), self.folds, seed=0)
+        pred: dict[str, list] = {}
+        for k in range(int(fold.max()) + 1):
+            fit = [(*videos[v], gt_videos[v]) for v, f in zip(vids, fold) if f != k]
+            decoder = EventDecoder(tune_decoder(fit, **self.tune_kwargs))
+            pred.update({v: list(decoder(*videos[v])) for v, f in zip(vids, fold) if f == k})
+        return pred
 
     def completed(self, engine: Engine, name: str) -> None:
         value = self.compute()
