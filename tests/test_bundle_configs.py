@@ -297,3 +297,25 @@ def test_inference_datalist_from_folder_or_json_and_pending_frames(tmp_path, min
     todo = pending_frames(from_root, probs)
     assert video_ids(todo) == vids[1:] and len(todo) == len(from_root) - len(first)
     assert pending_frames(from_root, probs, resume=False) == from_root
+
+
+def test_readme_override_trains_without_a_sampler(tmp_path, mini_galar):
+    """The README's swap example (plain BCE loss, no sampler, shuffling) trains, checkpoints and resumes."""
+    from bundle_helpers import config_list, run_bundle, tiny_overrides
+
+    override = {
+        "attention": "plain",
+        "train#loss": {"_target_": "torch.nn.BCEWithLogitsLoss"},
+        "train#sampler": None,
+        "train#dataloader#shuffle": True,
+    }
+    swap = tmp_path / "swap.json"
+    swap.write_text(json.dumps(override))
+    out = tmp_path / "run"
+    args = ["run", "training", "--config_file", config_list(TRAIN, DEMO, str(swap))]
+    run_bundle(args + tiny_overrides(mini_galar, out, max_epochs=1))
+    last = torch.load(out / "models" / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    assert "sampler" not in last and {"model", "optimizer", "trainer"} <= set(last)
+    run_bundle(args + tiny_overrides(mini_galar, out, max_epochs=2, resume=True))
+    last = torch.load(out / "models" / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    assert last["trainer"]["max_epochs"] == 2 and last["trainer"]["iteration"] == 2 * last["trainer"]["epoch_length"]

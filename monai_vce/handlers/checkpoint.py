@@ -64,13 +64,23 @@ class AtomicDiskSaver(DiskSaver):
             path.unlink()
 
 
+def _stateful(objects: dict) -> dict:
+    """The entries that have a state to save or load.
+
+    A swapped-in component without state (``train#sampler`` set to ``null`` for plain shuffling, or a
+    ``RandomSampler``) is left out instead of failing the run, so a one-line override needs no edit of the
+    checkpoint lists.
+    """
+    return {k: v for k, v in objects.items() if hasattr(v, "state_dict") and hasattr(v, "load_state_dict")}
+
+
 class AtomicCheckpointSaver(CheckpointSaver):
     """MONAI's ``CheckpointSaver`` with atomic writes and a fixed name for the interval checkpoint.
 
     Args:
         save_dir: folder of the checkpoints.
-        save_dict: objects to save (anything with ``state_dict``), e.g. ``{"model": net, "optimizer": opt}``;
-            a single entry is saved unnested (a plain ``state_dict``), as MONAI bundles expect of ``model.pt``.
+        save_dict: objects to save, e.g. ``{"model": net, "optimizer": opt}``; entries without
+            ``state_dict`` / ``load_state_dict`` (``None``, a stateless sampler) are left out; a single entry is saved unnested (a plain ``state_dict``), as MONAI bundles expect of ``model.pt``.
         interval_filename: fixed file name of the checkpoint written every ``save_interval`` epochs
             (or iterations); each save replaces the previous one atomically. ``None`` keeps MONAI's names
             (``checkpoint_epoch=N.pt``) and ``n_saved``.
@@ -88,7 +98,7 @@ class AtomicCheckpointSaver(CheckpointSaver):
     def __init__(self, save_dir: str, save_dict: dict, interval_filename: str | None = None, **kwargs: Any) -> None:
         if interval_filename is not None:
             kwargs["n_saved"] = 1
-        super().__init__(save_dir=save_dir, save_dict=save_dict, **kwargs)
+        super().__init__(save_dir=save_dir, save_dict=_stateful(save_dict), **kwargs)
         fixed = (
             (self._final_checkpoint, kwargs.get("final_filename")),
             (self._key_metric_checkpoint, kwargs.get("key_metric_filename")),
@@ -112,7 +122,8 @@ class VCECheckpointLoader(CheckpointLoader):
 
     Args:
         load_path: the checkpoint file.
-        load_dict: objects to load, e.g. ``{"model": network}``.
+        load_dict: objects to load, e.g. ``{"model": network}``; entries without ``state_dict`` /
+            ``load_state_dict`` (``None``, a stateless sampler) are left out, as in :class:`AtomicCheckpointSaver`.
         kwargs: the other arguments of ``monai.handlers.CheckpointLoader`` (``name``, ``map_location``,
             ``strict``, ``strict_shape``).
 
@@ -123,7 +134,7 @@ class VCECheckpointLoader(CheckpointLoader):
     """
 
     def __init__(self, load_path: str, load_dict: dict, **kwargs: Any) -> None:
-        super().__init__(load_path=load_path, load_dict=load_dict, **kwargs)
+        super().__init__(load_path=load_path, load_dict=_stateful(load_dict), **kwargs)
 
     def __call__(self, engine: Any) -> None:
         try:
