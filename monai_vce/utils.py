@@ -139,7 +139,8 @@ class OutputLock:
                 if pid and pid != os.getpid() and self._alive(pid):
                     raise RuntimeError(
                         f"output folder {self.folder} is in use by another run (process {pid}); "
-                        f"wait for it to finish or choose another output folder"
+                        f"wait for it to finish or choose another output folder (if no run uses it, e.g. after a "
+                        f"restart, delete {self.path})"
                     ) from None
                 # stale lock of a dead process: take it over
                 try:

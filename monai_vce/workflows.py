@@ -126,13 +126,28 @@ def video_ids(datalist: Sequence[Mapping[str, Any]]) -> list[str]:
     return list(dict.fromkeys(str(d["video_id"]) for d in datalist))
 
 
-def completed_videos(datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike) -> list[str]:
+def model_fingerprint(model_file: PathLike) -> str:
+    """A string identifying a model file's current content (path, size, modification time), ``""`` if absent.
+
+    Stored in each probability file, it keeps a resumed inference from reusing the files of another model.
+    """
+    path = Path(model_file)
+    if not path.is_file():
+        return ""
+    st = path.stat()
+    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def completed_videos(
+    datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike, source: str | None = None
+) -> list[str]:
     """Videos of ``datalist`` whose probability file in ``probs_dir`` is complete.
 
-    A file is complete when it exists (files are written atomically) and holds as many frames as the
-    datalist has for that video (a video folder that grew since is recomputed).
+    A file is complete when it exists (files are written atomically), holds as many frames as the
+    datalist has for that video (a video folder that grew since is recomputed) and, when ``source`` is
+    given, was written from that source (:func:`model_fingerprint`: a retrained model recomputes everything).
     """
-    from monai_vce.handlers.event_writer import npz_frame_count
+    from monai_vce.handlers.event_writer import npz_record
 
     counts: dict[str, int] = {}
     for d in datalist:
@@ -140,13 +155,15 @@ def completed_videos(datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike)
         counts[vid] = counts.get(vid, 0) + 1
     out = []
     for vid, n in counts.items():
-        path = Path(probs_dir) / f"{vid}.npz"
-        if path.is_file() and npz_frame_count(path) == n:
+        record = npz_record(Path(probs_dir) / f"{vid}.npz")
+        if record is not None and record[0] == n and (source is None or record[1] == source):
             out.append(vid)
     return out
 
 
-def pending_frames(datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike, resume: bool = True) -> list[dict]:
+def pending_frames(
+    datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike, resume: bool = True, source: str | None = None
+) -> list[dict]:
     """The frames of ``datalist`` still to infer: those of videos without a complete probability file.
 
     Filtering the datalist before building the dataset makes an interrupted inference resumable: a rerun
@@ -156,10 +173,11 @@ def pending_frames(datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike, r
         datalist: the full frame datalist.
         probs_dir: the folder of the per-video ``<video_id>.npz`` files.
         resume: ``False`` returns the whole datalist (recompute everything).
+        source: what the probability files must have been written from (see :func:`completed_videos`).
     """
     if not resume:
         return list(datalist)
-    done = set(completed_videos(datalist, probs_dir))
+    done = set(completed_videos(datalist, probs_dir, source=source))
     if done:
         logger.info(f"skipping {len(done)} video(s) already inferred in {probs_dir}: {', '.join(sorted(done))}")
     return [d for d in datalist if str(d["video_id"]) not in done]

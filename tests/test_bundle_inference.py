@@ -100,12 +100,35 @@ def test_evaluation_scores_the_validation_videos(tmp_path_factory, mini_galar):
     )
     metrics = json.loads((out / "metrics.json").read_text())
     gt = load_events(out / "ground_truth.json")
-    pred = load_events(out / "events.json")
+    pred = load_events(out / "val_events.json")  # beside an inference's events.json and probs/, never over them
     assert [v["video_id"] for v in pred["videos"]] == [v["video_id"] for v in gt["videos"]]
     assert 0.0 <= metrics["mAP@0.5"] <= 1.0 and set(metrics["per_video"]) == {v["video_id"] for v in gt["videos"]}
     assert f'"mAP@0.5": {metrics["mAP@0.5"]}' in proc.stdout
-    assert sorted(p.stem for p in (out / "probs").glob("*.npz")) == sorted(metrics["per_video"])
+    assert sorted(p.stem for p in (out / "val_probs").glob("*.npz")) == sorted(metrics["per_video"])
     from monai_vce.labels import LABELS
 
     assert list(metrics["frame_AP"]) == list(LABELS)
     assert all(v is None or 0.0 <= v <= 1.0 for v in metrics["frame_AP"].values())
+
+
+def test_resume_never_reuses_probabilities_of_another_model(tmp_path):
+    """A probability file counts as done only when it was written from the same model file."""
+    import os
+
+    from monai_vce.handlers.event_writer import VideoArrays, save_video_probs
+    from monai_vce.workflows import model_fingerprint, pending_frames
+
+    model = tmp_path / "model.pt"
+    model.write_bytes(b"weights v1")
+    data = [{"image": f"f{i}.png", "video_id": "1", "frame_index": i, "frame_number": i} for i in range(3)]
+    probs = tmp_path / "probs"
+    video = VideoArrays("1", np.zeros((3, 17), np.float32), np.arange(3), np.arange(3))
+    save_video_probs(probs / "1.npz", video, source=model_fingerprint(model))
+    assert pending_frames(data, probs, source=model_fingerprint(model)) == []
+    # the model is retrained: same path, new content
+    model.write_bytes(b"weights v2, retrained")
+    os.utime(model, ns=(1, 1))
+    assert len(pending_frames(data, probs, source=model_fingerprint(model))) == 3
+    # a file written without a source (an older file, another tool) is not taken for this model's either
+    save_video_probs(probs / "1.npz", video)
+    assert len(pending_frames(data, probs, source=model_fingerprint(model))) == 3

@@ -272,14 +272,19 @@ class VideoFrameCollector:
         self.reset()
 
 
-def save_video_probs(path: PathLike, video: VideoArrays) -> Path:
-    """Write one video's probabilities in the project's ``.npz`` format, atomically."""
+def save_video_probs(path: PathLike, video: VideoArrays, source: str = "") -> Path:
+    """Write one video's probabilities in the project's ``.npz`` format, atomically.
+
+    ``source`` (stored as the extra key ``source``) identifies what produced them, e.g. the model file
+    (:func:`monai_vce.workflows.model_fingerprint`), so that a resumed run never reuses another model's files.
+    """
     return atomic_save_npz(
         path,
         probs=video.probs.astype(np.float32, copy=False),
         frame_index=video.frame_index.astype(np.int64, copy=False),
         frame_number=video.frame_number.astype(np.int64, copy=False),
         labels=np.asarray(LABELS),
+        source=np.asarray(str(source)),
     )
 
 
@@ -312,9 +317,16 @@ def load_video_probs(path: PathLike) -> VideoArrays:
 
 def npz_frame_count(path: PathLike) -> int | None:
     """Number of frames in a per-video ``.npz`` file, or ``None`` when it is missing or unreadable."""
+    record = npz_record(path)
+    return None if record is None else record[0]
+
+
+def npz_record(path: PathLike) -> tuple[int, str] | None:
+    """``(number of frames, source)`` of a per-video ``.npz`` file (``""`` when it records no source), or
+    ``None`` when it is missing or unreadable."""
     try:
         with np.load(path, allow_pickle=False) as z:
-            return int(z["frame_index"].shape[0])
+            return int(z["frame_index"].shape[0]), str(z["source"]) if "source" in z.files else ""
     except Exception:
         return None
 
@@ -370,6 +382,7 @@ class TemporalEventWriter:
         output_transform: Callable[[Any], Any] | None = None,
         batch_transform: Callable[[Any], Any] | None = None,
         report_dir: PathLike | None = None,
+        source: str = "",
         name: str | None = None,
     ) -> None:
         if units not in (None, "index", "frame_number"):
@@ -380,6 +393,7 @@ class TemporalEventWriter:
         self.units = units
         self.videos = None if videos is None else [str(v) for v in videos]
         self.report_dir = None if report_dir is None else Path(report_dir)
+        self.source = str(source)
         self.logger = logging.getLogger(name)
         self._name = name
         self.collector = VideoFrameCollector(
@@ -395,7 +409,7 @@ class TemporalEventWriter:
         return path if path.is_absolute() or path.parent != Path(".") else self.output_dir / path
 
     def _save_video(self, video: VideoArrays) -> None:
-        path = save_video_probs(self.output_dir / f"{video.video_id}.npz", video)
+        path = save_video_probs(self.output_dir / f"{video.video_id}.npz", video, source=self.source)
         self.written.append(video.video_id)
         self.logger.info(f"saved probabilities of video {video.video_id} ({len(video)} frames): {path}")
 
