@@ -91,7 +91,9 @@ def main() -> None:
             f"# load average (1, 5, 15 min) on {os.cpu_count()} cores: before {', '.join(f'{v:.2f}' for v in load_before)}; "
             f"after {', '.join(f'{v:.2f}' for v in load_after)}"
         )
-    print("| variant | median wall s / batch | min wall s / batch | wall ratio to plain | median CPU s / batch | CPU ratio to plain |")
+    print(
+        "| variant | median wall s / batch | min wall s / batch | wall ratio to plain | median CPU s / batch | CPU ratio to plain |"
+    )
     print("|---|---|---|---|---|---|")
     for name in names:
         med, cpu = statistics.median(times[name]), statistics.median(cpu_times[name])

@@ -19,7 +19,13 @@ from pathlib import Path
 import numpy as np
 
 from monai_vce.metrics import temporal_map, temporal_map_reference
-from monai_vce.postprocessing import DecoderParams, EventDecoder, decode_videos, events_to_frames, simulate_probabilities
+from monai_vce.postprocessing import (
+    DecoderParams,
+    EventDecoder,
+    decode_videos,
+    events_to_frames,
+    simulate_probabilities,
+)
 
 GALAR = Path(__file__).resolve().parents[2] / "shared" / "data" / "galar_events.json"
 

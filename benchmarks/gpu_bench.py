@@ -46,7 +46,9 @@ def _render_one(args: tuple[str, int, int, int]) -> str:
 
     out, frames, size, seed = args
     if not (Path(out) / "ground_truth.json").is_file():
-        generate_mini_galar(out, videos=1, frames_per_video=frames, size=size, seed=seed, use_real_timelines=False, naming="galar")
+        generate_mini_galar(
+            out, videos=1, frames_per_video=frames, size=size, seed=seed, use_real_timelines=False, naming="galar"
+        )
     return out
 
 
@@ -67,8 +69,12 @@ def make_pool(root: Path, videos: int, frames: int, size: int, workers: int) -> 
 def long_list(pool: Sequence[dict], n: int, video_len: int) -> list[dict]:
     """``n`` frames cycling over ``pool``, cut into videos of ``video_len`` frames in frame order."""
     return [
-        {"image": pool[i % len(pool)]["image"], "label": pool[i % len(pool)]["label"], "video_id": f"video{i // video_len:03d}",
-         "frame_index": i % video_len}
+        {
+            "image": pool[i % len(pool)]["image"],
+            "label": pool[i % len(pool)]["label"],
+            "video_id": f"video{i // video_len:03d}",
+            "frame_index": i % video_len,
+        }
         for i in range(n)
     ]
 
@@ -86,7 +92,9 @@ class _InferFrames(torch.utils.data.Dataset):
         return self.load({"image": self.data[i]["image"]})["image"]
 
 
-def _loader(dataset, batch_size: int, workers: int, device: torch.device, shuffle: bool = False, drop_last: bool = False):
+def _loader(
+    dataset, batch_size: int, workers: int, device: torch.device, shuffle: bool = False, drop_last: bool = False
+):
     return torch.utils.data.DataLoader(
         dataset,
         batch_size=batch_size,
@@ -144,7 +152,9 @@ def infer_model_only(model, device, image_size: int, batch: int, batches: int) -
     return batch * batches / (time.perf_counter() - t)
 
 
-def infer_end_to_end(model, device, data: Sequence[dict], image_size: int, batch: int, workers: int) -> tuple[float, float]:
+def infer_end_to_end(
+    model, device, data: Sequence[dict], image_size: int, batch: int, workers: int
+) -> tuple[float, float]:
     """frames/s from PNG files to decoded events (workers started inside the timing); also the events seconds."""
     from monai_vce.data import VCEPrepareBatch
     from monai_vce.postprocessing import decode_videos
@@ -204,13 +214,22 @@ def train_model_only(model, device, image_size: int, batch: int, steps: int) -> 
     return batch * steps / (time.perf_counter() - t)
 
 
-def train_end_to_end(model, device, data: Sequence[dict], image_size: int, batch: int, steps: int, workers: int) -> float:
+def train_end_to_end(
+    model, device, data: Sequence[dict], image_size: int, batch: int, steps: int, workers: int
+) -> float:
     from monai.data import Dataset
 
     from monai_vce.data import vce_train_transforms
 
     step = _train_step_fn(model, device)
-    loader = _loader(Dataset(list(data), vce_train_transforms(image_size=image_size)), batch, workers, device, shuffle=True, drop_last=True)
+    loader = _loader(
+        Dataset(list(data), vce_train_transforms(image_size=image_size)),
+        batch,
+        workers,
+        device,
+        shuffle=True,
+        drop_last=True,
+    )
     it = iter(loader)
     b = next(it)  # workers started and one step taken outside the timing (compile warm-up lives here too)
     step(b["image"], b["label"])
@@ -261,7 +280,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.batch_size, args.train_batch_size = min(args.batch_size, 32), min(args.train_batch_size, 16)
         args.infer_batches, args.train_steps = min(args.infer_batches, 3), min(args.train_steps, 3)
         args.frames, args.video_len = min(args.frames, 8 * args.batch_size), min(args.video_len, 3 * args.batch_size)
-        args.pool_videos, args.pool_frames, args.frame_size = min(args.pool_videos, 2), min(args.pool_frames, 8), min(args.frame_size, 96)
+        args.pool_videos, args.pool_frames, args.frame_size = (
+            min(args.pool_videos, 2),
+            min(args.pool_frames, 8),
+            min(args.frame_size, 96),
+        )
     image_size = 64 if args.tiny else 224
     torch.manual_seed(0)
     modes = {"both": ("eager", "compiled"), "off": ("eager",), "only": ("compiled",)}[args.compile]
@@ -288,28 +311,47 @@ def main(argv: Sequence[str] | None = None) -> int:
                     # one failing phase (e.g. a compile error) must not cost the other figures
                     try:
                         out = fn()
-                    except Exception as e:  # noqa: BLE001 - reported, the table shows "failed"
+                    except Exception as e:
                         print(f"[{key}] {fields[0]} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
                         r.update({f: "failed" for f in fields})
                         return
                     r.update(zip(fields, out if isinstance(out, tuple) else (out,)))
 
                 _reset_peak(device)
-                phase(("infer_model", "infer_model_s"), lambda: _timed(
-                    lambda: infer_model_only(model, device, image_size, args.batch_size, args.infer_batches)))
+                phase(
+                    ("infer_model", "infer_model_s"),
+                    lambda: _timed(
+                        lambda: infer_model_only(model, device, image_size, args.batch_size, args.infer_batches)
+                    ),
+                )
                 r["infer_peak"] = _peak_gib(device)
                 if attention == "diff":
-                    phase(("infer_e2e", "events_s"), lambda: infer_end_to_end(
-                        model, device, data, image_size, args.batch_size, args.workers))
+                    phase(
+                        ("infer_e2e", "events_s"),
+                        lambda: infer_end_to_end(model, device, data, image_size, args.batch_size, args.workers),
+                    )
                 _reset_peak(device)
-                phase(("train_model", "train_model_s"), lambda: _timed(
-                    lambda: train_model_only(model, device, image_size, args.train_batch_size, args.train_steps)))
+                phase(
+                    ("train_model", "train_model_s"),
+                    lambda: _timed(
+                        lambda: train_model_only(model, device, image_size, args.train_batch_size, args.train_steps)
+                    ),
+                )
                 r["train_peak"] = _peak_gib(device)
                 if attention == "diff":
-                    phase(("train_e2e",), lambda: train_end_to_end(
-                        model, device, train_data, image_size, args.train_batch_size, args.train_steps, args.workers))
+                    phase(
+                        ("train_e2e",),
+                        lambda: train_end_to_end(
+                            model, device, train_data, image_size, args.train_batch_size, args.train_steps, args.workers
+                        ),
+                    )
                 res[key] = r
-                print(f"[{key}] " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()), file=sys.stderr, flush=True)
+                print(
+                    f"[{key}] "
+                    + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()),
+                    file=sys.stderr,
+                    flush=True,
+                )
                 del model, base
         if "diff/eager" in res:
             for k in ("infer", "train"):
@@ -323,21 +365,41 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     net = "tiny DiffAttn ViT (64 px)" if args.tiny else "DiffAttn ViT-B/16 (224 px, random weights)"
-    print(f"device: {name}; network: {net}; bf16 autocast; torch {torch.__version__}; workers {args.workers}; "
-          f"frames: {len(pool)} generated {args.frame_size} px PNGs ({gen_s:.0f} s) cycled to {len(data)} "
-          f"(videos of {args.video_len}); inference batch {args.batch_size}, training batch {args.train_batch_size}")
+    print(
+        f"device: {name}; network: {net}; bf16 autocast; torch {torch.__version__}; workers {args.workers}; "
+        f"frames: {len(pool)} generated {args.frame_size} px PNGs ({gen_s:.0f} s) cycled to {len(data)} "
+        f"(videos of {args.video_len}); inference batch {args.batch_size}, training batch {args.train_batch_size}"
+    )
     print()
     print("| measurement | eager | torch.compile |")
     print("|---|---|---|")
-    print(f"| inference, model only (frames/s) | {cell('diff/eager', 'infer_model')} | {cell('diff/compiled', 'infer_model')} |")
-    print(f"| inference, end to end PNG -> events (frames/s) | {cell('diff/eager', 'infer_e2e')} | {cell('diff/compiled', 'infer_e2e')} |")
-    print(f"| training, model only (frames/s) | {cell('diff/eager', 'train_model')} | {cell('diff/compiled', 'train_model')} |")
-    print(f"| training, end to end with augmentation (frames/s) | {cell('diff/eager', 'train_e2e')} | {cell('diff/compiled', 'train_e2e')} |")
-    print(f"| inference model-only phase incl. warm-up/compile (s) | {cell('diff/eager', 'infer_model_s', '{:.1f}')} | {cell('diff/compiled', 'infer_model_s', '{:.1f}')} |")
-    print(f"| training model-only phase incl. warm-up/compile (s) | {cell('diff/eager', 'train_model_s', '{:.1f}')} | {cell('diff/compiled', 'train_model_s', '{:.1f}')} |")
-    print(f"| peak device memory, inference (GiB) | {cell('diff/eager', 'infer_peak', '{:.2f}')} | {cell('diff/compiled', 'infer_peak', '{:.2f}')} |")
-    print(f"| peak device memory, training (GiB) | {cell('diff/eager', 'train_peak', '{:.2f}')} | {cell('diff/compiled', 'train_peak', '{:.2f}')} |")
-    print(f"| events stage of the end-to-end run (s) | {cell('diff/eager', 'events_s', '{:.2f}')} | {cell('diff/compiled', 'events_s', '{:.2f}')} |")
+    print(
+        f"| inference, model only (frames/s) | {cell('diff/eager', 'infer_model')} | {cell('diff/compiled', 'infer_model')} |"
+    )
+    print(
+        f"| inference, end to end PNG -> events (frames/s) | {cell('diff/eager', 'infer_e2e')} | {cell('diff/compiled', 'infer_e2e')} |"
+    )
+    print(
+        f"| training, model only (frames/s) | {cell('diff/eager', 'train_model')} | {cell('diff/compiled', 'train_model')} |"
+    )
+    print(
+        f"| training, end to end with augmentation (frames/s) | {cell('diff/eager', 'train_e2e')} | {cell('diff/compiled', 'train_e2e')} |"
+    )
+    print(
+        f"| inference model-only phase incl. warm-up/compile (s) | {cell('diff/eager', 'infer_model_s', '{:.1f}')} | {cell('diff/compiled', 'infer_model_s', '{:.1f}')} |"
+    )
+    print(
+        f"| training model-only phase incl. warm-up/compile (s) | {cell('diff/eager', 'train_model_s', '{:.1f}')} | {cell('diff/compiled', 'train_model_s', '{:.1f}')} |"
+    )
+    print(
+        f"| peak device memory, inference (GiB) | {cell('diff/eager', 'infer_peak', '{:.2f}')} | {cell('diff/compiled', 'infer_peak', '{:.2f}')} |"
+    )
+    print(
+        f"| peak device memory, training (GiB) | {cell('diff/eager', 'train_peak', '{:.2f}')} | {cell('diff/compiled', 'train_peak', '{:.2f}')} |"
+    )
+    print(
+        f"| events stage of the end-to-end run (s) | {cell('diff/eager', 'events_s', '{:.2f}')} | {cell('diff/compiled', 'events_s', '{:.2f}')} |"
+    )
     for k, what in (("infer", "inference"), ("train", "training")):
         if k in ratio:
             print(f"| plain ViT / DiffAttn speed, {what} model only | {ratio[k]:.2f}x | - |")

@@ -51,7 +51,11 @@ def _frames(root: Path, size: int, videos: int, frames: int, seed: int) -> list[
 def _network(tiny: bool) -> torch.nn.Module:
     from monai_vce.networks import TINY_MODEL_NAME, DiffAttnCLIPClassifier
 
-    net = DiffAttnCLIPClassifier(backbone=TINY_MODEL_NAME, pretrained=False) if tiny else DiffAttnCLIPClassifier(pretrained=False)
+    net = (
+        DiffAttnCLIPClassifier(backbone=TINY_MODEL_NAME, pretrained=False)
+        if tiny
+        else DiffAttnCLIPClassifier(pretrained=False)
+    )
     return net.eval()
 
 
@@ -99,7 +103,15 @@ def run_baseline(datalist: Sequence[dict], model: torch.nn.Module, image_size: i
     events = decode_videos(_by_video(datalist, probs))
     events_s = time.perf_counter() - t
     total = time.perf_counter() - t_start
-    return {"probs": probs, "events": events, "total": total, "decode_cpu": load_s, "wait": load_s, "model": model_s, "events_s": events_s}
+    return {
+        "probs": probs,
+        "events": events,
+        "total": total,
+        "decode_cpu": load_s,
+        "wait": load_s,
+        "model": model_s,
+        "events_s": events_s,
+    }
 
 
 class _TimedFrames(torch.utils.data.Dataset):
@@ -125,7 +137,9 @@ def amp_context(dtype: torch.dtype | None, device: str = "cpu"):
     return torch.autocast(device, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
-def calibrate_amp(model: torch.nn.Module, image_size: int, batch_size: int = 4, rounds: int = 3) -> tuple[torch.dtype | None, dict]:
+def calibrate_amp(
+    model: torch.nn.Module, image_size: int, batch_size: int = 4, rounds: int = 3
+) -> tuple[torch.dtype | None, dict]:
     """Time the model in fp32 and bf16 autocast on random input, alternating, best of ``rounds`` each.
 
     Returns the faster choice (``torch.bfloat16`` or ``None`` for fp32) and the best seconds per image.
@@ -147,7 +161,12 @@ def calibrate_amp(model: torch.nn.Module, image_size: int, batch_size: int = 4, 
 
 
 def run_pipeline(
-    datalist: Sequence[dict], model: torch.nn.Module, image_size: int, batch_size: int, workers: int, amp_dtype: torch.dtype | None
+    datalist: Sequence[dict],
+    model: torch.nn.Module,
+    image_size: int,
+    batch_size: int,
+    workers: int,
+    amp_dtype: torch.dtype | None,
 ) -> dict:
     """DataLoader workers (uint8 decode+resize), uint8 batches scaled on the device, inference mode, optional bf16."""
     from monai_vce.data import VCEPrepareBatch
@@ -188,7 +207,15 @@ def run_pipeline(
     events = decode_videos(_by_video(datalist, probs))
     events_s = time.perf_counter() - t
     total = time.perf_counter() - t_start
-    return {"probs": probs, "events": events, "total": total, "decode_cpu": decode_cpu, "wait": wait_s, "model": model_s, "events_s": events_s}
+    return {
+        "probs": probs,
+        "events": events,
+        "total": total,
+        "decode_cpu": decode_cpu,
+        "wait": wait_s,
+        "model": model_s,
+        "events_s": events_s,
+    }
 
 
 def _row(size: int, name: str, n: int, r: dict) -> str:
@@ -205,8 +232,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--videos", type=int, default=2, help="videos per frame size (default 2)")
     p.add_argument("--sizes", type=int, nargs="+", default=[336, 512], help="PNG frame sizes (default 336 512)")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="DataLoader workers (default: one per core)")
-    p.add_argument("--amp", choices=("auto", "fp32", "bf16"), default="auto", help="pipeline precision (auto: the faster)")
+    p.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="DataLoader workers (default: one per core)"
+    )
+    p.add_argument(
+        "--amp", choices=("auto", "fp32", "bf16"), default="auto", help="pipeline precision (auto: the faster)"
+    )
     p.add_argument("--tiny", action="store_true", help="tiny network at 64 px input (smoke test)")
     p.add_argument("--data-dir", default=None, help="where to generate frames (default: a temporary folder)")
     p.add_argument("--seed", type=int, default=0)
@@ -245,15 +276,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     fps = {k: v[0] / v[1] for k, v in totals.items()}
     net = "tiny DiffAttn ViT (64 px)" if args.tiny else "DiffAttn ViT-B/16 (224 px, random weights)"
-    print(f"network: {net}, {n_params / 1e6:.1f} M parameters; batch {args.batch_size}; CPU threads {torch.get_num_threads()}; "
-          f"workers {args.workers}; pipeline precision: {amp_note}")
+    print(
+        f"network: {net}, {n_params / 1e6:.1f} M parameters; batch {args.batch_size}; CPU threads {torch.get_num_threads()}; "
+        f"workers {args.workers}; pipeline precision: {amp_note}"
+    )
     print()
-    print("| frames | pipeline | n | wall s | frames/s | decode+resize CPU s (loader wait s) | model s | events s | model share of wall | vs baseline |")
+    print(
+        "| frames | pipeline | n | wall s | frames/s | decode+resize CPU s (loader wait s) | model s | events s | model share of wall | vs baseline |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     print()
-    print(f"end to end: baseline {fps['baseline']:.2f} frames/s, pipeline {fps['pipeline']:.2f} frames/s, "
-          f"speed-up {fps['pipeline'] / fps['baseline']:.2f}x")
+    print(
+        f"end to end: baseline {fps['baseline']:.2f} frames/s, pipeline {fps['pipeline']:.2f} frames/s, "
+        f"speed-up {fps['pipeline'] / fps['baseline']:.2f}x"
+    )
     print(f"max |probability difference| pipeline vs baseline: {max_diff:.4f}; identical events: {same_events}")
     return 0
 

@@ -76,7 +76,10 @@ def main() -> None:
         pred_videos.append({"video_id": vid, "events": frames_to_events(active, frame_ids, mode="label_set")})
         gt_videos.append({"video_id": vid, "events": events})
         atomic_save_npz(
-            out / "probs" / f"{vid}.npz", probs=probs, frame_index=frame_ids, frame_number=frame_ids,
+            out / "probs" / f"{vid}.npz",
+            probs=probs,
+            frame_index=frame_ids,
+            frame_number=frame_ids,
             labels=np.array(LABELS),
         )
     gt_path, pred_path = out / "gt.json", out / "pred.json"
@@ -89,8 +92,16 @@ def main() -> None:
     shutil.copyfile(result["timelines"][args.show], images / "timeline_example.png")
     shutil.copyfile(result["summary_png"], images / "summary_example.png")
     m = result["metrics"]
-    print(json.dumps({"mAP@0.5": m["mAP@0.5"], "mAP@0.95": m["mAP@0.95"], "report": str(out / "report"),
-                      "images": [str(images / "timeline_example.png"), str(images / "summary_example.png")]}))
+    print(
+        json.dumps(
+            {
+                "mAP@0.5": m["mAP@0.5"],
+                "mAP@0.95": m["mAP@0.95"],
+                "report": str(out / "report"),
+                "images": [str(images / "timeline_example.png"), str(images / "summary_example.png")],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

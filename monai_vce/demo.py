@@ -51,7 +51,9 @@ def _workflow(configs: list[str], bundle: Path, workflow_type: str, **override: 
     return wf
 
 
-def run_demo(bundle_root: str | Path | None = None, max_epochs: int | None = None, quiet: bool = False) -> dict[str, Any]:
+def run_demo(
+    bundle_root: str | Path | None = None, max_epochs: int | None = None, quiet: bool = False
+) -> dict[str, Any]:
     """Run the demo chain and return its summary (paths, scores, timings).
 
     Args:
@@ -86,7 +88,9 @@ def run_demo(bundle_root: str | Path | None = None, max_epochs: int | None = Non
     model_ts, model_pt = ckpt_dir / "model.ts", ckpt_dir / "model.pt"
     size = int(_workflow(infer_cfg, bundle, "infer").parser.get_parsed_content("image_size"))
     # the network is traced (TorchScript tracing of the open_clip/timm trunk; scripting is not supported)
-    export_args = f" --filepath {model_ts} --ckpt_file {model_pt} --use_trace True --input_shape '[1, 3, {size}, {size}]'"
+    export_args = (
+        f" --filepath {model_ts} --ckpt_file {model_pt} --use_trace True --input_shape '[1, 3, {size}, {size}]'"
+    )
     say(f"\n== 2/4 export: {_command('ckpt_export network_def', infer_cfg, export_args)}")
     t0 = time.perf_counter()
     ckpt_export(
@@ -109,7 +113,11 @@ def run_demo(bundle_root: str | Path | None = None, max_epochs: int | None = Non
 
     # 3. inference on held-out generated videos (labelled datalist: events in index units, like the ground truth)
     test_dir = Path(wf_inf.parser.get_parsed_content("test_dir"))
-    override = {"dataset_dir": str(test_dir), "datalist": "$monai_vce.workflows.galar_datalist(@dataset_dir)", "resume": False}
+    override = {
+        "dataset_dir": str(test_dir),
+        "datalist": "$monai_vce.workflows.galar_datalist(@dataset_dir)",
+        "resume": False,
+    }
     shown = f" --dataset_dir {test_dir} --datalist '$monai_vce.workflows.galar_datalist(@dataset_dir)' --resume False"
     say(f"\n== 3/4 inference: {_command('run', infer_cfg, shown)}")
     t0 = time.perf_counter()

@@ -60,12 +60,14 @@ def load_text_embeddings(
         raise FileNotFoundError(f"text embeddings file not found: {path}")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unreadable or unsafe content
+    except Exception as err:
         raise ValueError(f"cannot read text embeddings {path}: {type(err).__name__}: {err}") from err
     file_labels = None
     if isinstance(obj, Mapping):
         if "embeddings" not in obj:
-            raise ValueError(f"text embeddings {path}: expected a tensor or a dict with 'embeddings', got keys {list(obj)}")
+            raise ValueError(
+                f"text embeddings {path}: expected a tensor or a dict with 'embeddings', got keys {list(obj)}"
+            )
         tensor, file_labels = obj["embeddings"], obj.get("labels")
     else:
         tensor = obj
@@ -80,7 +82,9 @@ def load_text_embeddings(
         file_labels = [str(x) for x in file_labels]
         if file_labels != list(labels):
             if sorted(file_labels) == sorted(labels):
-                raise ValueError(f"text embeddings {path}: labels are in a different order than expected: {file_labels}")
+                raise ValueError(
+                    f"text embeddings {path}: labels are in a different order than expected: {file_labels}"
+                )
             unknown = sorted(set(file_labels) - set(labels))
             absent = sorted(set(labels) - set(file_labels))
             raise ValueError(f"text embeddings {path}: label names differ (unexpected: {unknown}; missing: {absent})")
@@ -93,7 +97,9 @@ def load_text_embeddings(
 
 def _require_text_tower(model_cfg: Mapping[str, Any], spec: str) -> None:
     text_cfg = model_cfg.get("text_cfg", {})
-    if ("hf_model_name" in text_cfg or "hf_tokenizer_name" in text_cfg) and importlib.util.find_spec("transformers") is None:
+    if ("hf_model_name" in text_cfg or "hf_tokenizer_name" in text_cfg) and importlib.util.find_spec(
+        "transformers"
+    ) is None:
         raise RuntimeError(
             f"the text tower of {spec!r} is a Hugging Face model ({text_cfg.get('hf_model_name')}), which needs the "
             "`transformers` package: `pip install transformers`. It is needed only to compute the text embeddings; "
@@ -139,7 +145,10 @@ def compute_text_embeddings(
     is_hf_text = "hf_model_name" in model_cfg.get("text_cfg", {})
     custom_text = bool(model_cfg.pop("custom_text", False)) or is_hf_text
     if is_hf_text:
-        model_cfg["text_cfg"] = {**model_cfg["text_cfg"], "hf_model_pretrained": False}  # weights come from the checkpoint
+        model_cfg["text_cfg"] = {
+            **model_cfg["text_cfg"],
+            "hf_model_pretrained": False,
+        }  # weights come from the checkpoint
     vision_cfg = dict(model_cfg["vision_cfg"])
     if vision_cfg.get("timm_model_name"):
         vision_cfg["timm_model_pretrained"] = False
@@ -196,17 +205,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         required=True,
         help="hf-hub:org/repo, local-dir:/folder (open_clip_config.json + weights), or a checkpoint file",
     )
-    parser.add_argument("--model-name", default=None, help="open_clip config of a checkpoint file (default: BiomedCLIP's)")
+    parser.add_argument(
+        "--model-name", default=None, help="open_clip config of a checkpoint file (default: BiomedCLIP's)"
+    )
     parser.add_argument("--out", required=True, help="output .pt file, e.g. bundle/models/text_embeddings.pt")
     parser.add_argument("--device", default="cpu", help="device of the text tower (default: cpu)")
     parser.add_argument("--batch-size", type=int, default=64, help="prompts per forward pass")
     args = parser.parse_args(argv)
     try:
-        result = compute_text_embeddings(args.model, model_name=args.model_name, device=args.device, batch_size=args.batch_size)
+        result = compute_text_embeddings(
+            args.model, model_name=args.model_name, device=args.device, batch_size=args.batch_size
+        )
         out = save_text_embeddings(result, args.out)
     except (OSError, RuntimeError, ValueError) as err:
         parser.exit(2, f"error: {err}\n")
-    summary = {"out": str(out), "model": args.model, "labels": len(result["labels"]), "embed_dim": int(result["embeddings"].shape[1])}
+    summary = {
+        "out": str(out),
+        "model": args.model,
+        "labels": len(result["labels"]),
+        "embed_dim": int(result["embeddings"].shape[1]),
+    }
     print(json.dumps(summary))
     return 0
 

@@ -7,6 +7,7 @@ any moment leaves either the previous version or the new one, never half of one.
 
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import os
@@ -96,8 +97,10 @@ def atomic_save_npz(path: PathLike, **arrays: Any) -> Path:
 class OutputLock:
     """An exclusive lock on an output folder, so that two runs never write into the same folder at once.
 
-    The lock is a file ``<folder>/.monai_vce.lock`` holding the owner's process id, created with
-    ``O_EXCL``. A lock left by a process that no longer exists (a killed run) is taken over.
+    The lock is an ``fcntl.flock`` on ``<folder>/.monai_vce.lock``; the file holds the owner's process id for
+    messages. The kernel releases the lock when its process ends, however it ends, so a killed run never
+    blocks the next one and two runs started together cannot both take it (no read-check-write race on a
+    process id). The file is removed on release; a file left behind by a killed run holds no lock.
 
     Args:
         folder: the output folder to lock; created when missing.
@@ -113,55 +116,66 @@ class OutputLock:
     def __init__(self, folder: PathLike) -> None:
         self.folder = Path(folder)
         self.path = self.folder / self.name
-        self._held = False
+        self._fd: int | None = None
 
-    @staticmethod
-    def _alive(pid: int) -> bool:
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock."""
+        return self._fd is not None
+
+    def _holder(self) -> str:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+            pid = self.path.read_text().strip()
+        except OSError:
+            pid = ""
+        return f" (process {pid})" if pid.isdigit() else ""
 
     def acquire(self) -> OutputLock:
         """Take the lock or raise ``RuntimeError`` naming the folder and the process holding it."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                try:
-                    pid = int(self.path.read_text().strip() or "0")
-                except (OSError, ValueError):
-                    pid = 0
-                if pid and pid != os.getpid() and self._alive(pid):
-                    raise RuntimeError(
-                        f"output folder {self.folder} is in use by another run (process {pid}); "
-                        f"wait for it to finish or choose another output folder (if no run uses it, e.g. after a "
-                        f"restart, delete {self.path})"
-                    ) from None
-                # stale lock of a dead process: take it over
-                try:
-                    self.path.unlink()
-                except FileNotFoundError:
-                    pass
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
-            self._held = True
+        import fcntl
+
+        if self._fd is not None:
             return self
-        raise RuntimeError(f"could not lock output folder {self.folder}")
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise RuntimeError(f"output folder {self.folder} cannot be created: a file is in its way") from None
+        while True:
+            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise RuntimeError(
+                    f"output folder {self.folder} is in use by another run{self._holder()}; "
+                    "wait for it to finish or choose another output folder"
+                ) from None
+            # the holder we waited on may have removed the file between our open and our flock: then we
+            # locked an orphaned inode, and must lock the file that is now at the path instead
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+        # a run that fails after acquiring (MONAI skips `finalize` on an error) still removes its lock file
+        atexit.register(self.release)
+        return self
 
     def release(self) -> None:
-        """Release the lock if this object holds it."""
-        if self._held:
-            try:
-                self.path.unlink()
-            except FileNotFoundError:
-                pass
-            self._held = False
+        """Release the lock (and remove its file) if this object holds it."""
+        if self._fd is None:
+            return
+        try:
+            self.path.unlink()  # removed while still locked, so no other run can lock this inode meanwhile
+        except FileNotFoundError:
+            pass
+        os.close(self._fd)
+        self._fd = None
 
     def __enter__(self) -> OutputLock:
         return self.acquire()

@@ -272,7 +272,9 @@ def ground_truth(datalist: Sequence[Mapping[str, Any]], units: str = "index") ->
     rows: dict[str, list] = {}
     for d in datalist:
         if "label" not in d:
-            raise ValueError(f"datalist item of video {d.get('video_id')} frame {d.get(key)} has no 'label': no ground truth")
+            raise ValueError(
+                f"datalist item of video {d.get('video_id')} frame {d.get(key)} has no 'label': no ground truth"
+            )
         rows.setdefault(str(d["video_id"]), []).append((int(d[key]), d["label"]))
     videos = {}
     for vid, items in rows.items():

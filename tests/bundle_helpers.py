@@ -54,14 +54,18 @@ def tiny_overrides(data_dir: Path, out_dir: Path, **extra: Any) -> list[str]:
     return args
 
 
-def run_bundle(args: list[str], timeout: float = 300, check: bool = True, module: str = "monai.bundle") -> subprocess.CompletedProcess:
+def run_bundle(
+    args: list[str], timeout: float = 300, check: bool = True, module: str = "monai.bundle"
+) -> subprocess.CompletedProcess:
     """Run ``python -m monai.bundle ARGS`` from the repository root; on failure, show the output's tail."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="2", HF_HUB_OFFLINE="1")
     proc = subprocess.run(
         [sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"python -m {module} {' '.join(args)} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}")
+        raise AssertionError(
+            f"python -m {module} {' '.join(args)} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"
+        )
     return proc
 
 
@@ -87,7 +91,9 @@ def trained_bundle(tmp_path_factory: Any, mini_galar: Path) -> dict[str, Path]:
     key = str(mini_galar)
     if key not in _CACHE:
         out = tmp_path_factory.mktemp("bundle_train")
-        proc = run_bundle(["run", "training", "--config_file", config_list(TRAIN, DEMO), *tiny_overrides(mini_galar, out)])
+        proc = run_bundle(
+            ["run", "training", "--config_file", config_list(TRAIN, DEMO), *tiny_overrides(mini_galar, out)]
+        )
         log = out / "train.log"
         log.write_text(proc.stdout + proc.stderr)
         _CACHE[key] = {"out": out, "models": out / "models", "eval": out / "eval", "log": log}

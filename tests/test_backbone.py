@@ -101,7 +101,9 @@ def test_mismatched_checkpoint_lists_keys(tiny, tmp_path):
     state = torch.load(tiny / "tiny.bin", weights_only=True)
     state["visual.head.proj.weight"] = torch.zeros(16, 64)
     torch.save(state, bad)
-    with pytest.raises(ValueError, match=r"shape mismatches \(checkpoint vs model\): head.proj.weight \(16, 64\) vs \(32, 64\)"):
+    with pytest.raises(
+        ValueError, match=r"shape mismatches \(checkpoint vs model\): head.proj.weight \(16, 64\) vs \(32, 64\)"
+    ):
         bb.build_image_tower(str(bad), model_name=bb.TINY_MODEL_NAME)
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from bundle_helpers import (
     CONFIGS,
     DEMO,
@@ -57,7 +56,13 @@ def test_check_properties(files, workflow_type, mini_galar, monkeypatch, tmp_pat
         override.update(frame_cache_dir=str(tmp_path / "cache"), frame_cache_size=64, num_workers=0, progress=False)
     if MULTI_GPU_TRAIN in files:
         # the multi-GPU config starts a process group in initialize: a one-process gloo group here
-        for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        for k, v in {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+        }.items():
             monkeypatch.setenv(k, v)
     else:
         override["initialize"] = []
@@ -241,8 +246,9 @@ def test_hub_failure_message_names_the_alternatives(monkeypatch):
 
 def test_optimizer_uses_the_network_param_groups():
     """train.json's optimizer takes its groups from ``DiffAttnCLIPClassifier.param_groups`` (one definition)."""
-    import monai_vce.workflows as wf
     from monai.bundle import ConfigParser
+
+    import monai_vce.workflows as wf
 
     assert not hasattr(wf, "param_groups")
     parser = ConfigParser()
@@ -266,7 +272,9 @@ def test_optimizer_uses_the_network_param_groups():
     assert ids[id(named[bias])]["weight_decay"] == 0.0
     # the same groups as the network's own method
     expected = net.param_groups(lr=1e-3, backbone_lr_mult=0.1, layer_decay=1.0, weight_decay=0.05)
-    assert [(g["name"], g["lr"], len(g["params"])) for g in expected] == [(g["name"], g["lr"], len(g["params"])) for g in groups]
+    assert [(g["name"], g["lr"], len(g["params"])) for g in expected] == [
+        (g["name"], g["lr"], len(g["params"])) for g in groups
+    ]
 
 
 def test_config_file_list_syntax_matches_docs():
@@ -290,7 +298,9 @@ def test_inference_datalist_from_folder_or_json_and_pending_frames(tmp_path, min
     vids = video_ids(from_root)
     first = [d for d in from_root if d["video_id"] == vids[0]]
     probs = tmp_path / "probs"
-    atomic_save_npz(probs / f"{vids[0]}.npz", probs=np.zeros((len(first), 17), np.float32), frame_index=np.arange(len(first)))
+    atomic_save_npz(
+        probs / f"{vids[0]}.npz", probs=np.zeros((len(first), 17), np.float32), frame_index=np.arange(len(first))
+    )
     # a file with the wrong number of frames (the video folder changed) does not count as complete
     atomic_save_npz(probs / f"{vids[1]}.npz", probs=np.zeros((3, 17), np.float32), frame_index=np.arange(3))
     assert completed_videos(from_root, probs) == [vids[0]]

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-
 from bundle_helpers import DEMO, MULTI_GPU_TRAIN, REPO, TRAIN, config_list, free_port, tiny_overrides
 
 
@@ -18,8 +17,15 @@ def test_two_process_training(tmp_path, mini_galar):
     out = tmp_path / "ddp"
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
     cmd = [
-        torchrun, "--nproc_per_node=2", f"--master_port={free_port()}", "-m", "monai.bundle", "run", "training",
-        "--config_file", config_list(TRAIN, MULTI_GPU_TRAIN, DEMO),
+        torchrun,
+        "--nproc_per_node=2",
+        f"--master_port={free_port()}",
+        "-m",
+        "monai.bundle",
+        "run",
+        "training",
+        "--config_file",
+        config_list(TRAIN, MULTI_GPU_TRAIN, DEMO),
         *tiny_overrides(mini_galar, out, max_epochs=1, samples_per_epoch=32),
     ]
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from bundle_helpers import DEMO, INFERENCE, METADATA, config_list, run_bundle, trained_bundle
 
 
@@ -16,13 +15,20 @@ def exported(tmp_path_factory, mini_galar):
     ts = run["out"] / "model.ts"
     run_bundle(
         [
-            "ckpt_export", "network_def",
-            "--filepath", str(ts),
-            "--ckpt_file", str(run["models"] / "model.pt"),
-            "--meta_file", METADATA,
-            "--config_file", config_list(INFERENCE, DEMO),
-            "--use_trace", "True",
-            "--input_shape", "[1, 3, 64, 64]",
+            "ckpt_export",
+            "network_def",
+            "--filepath",
+            str(ts),
+            "--ckpt_file",
+            str(run["models"] / "model.pt"),
+            "--meta_file",
+            METADATA,
+            "--config_file",
+            config_list(INFERENCE, DEMO),
+            "--use_trace",
+            "True",
+            "--input_shape",
+            "[1, 3, 64, 64]",
         ]
     )
     return run, ts

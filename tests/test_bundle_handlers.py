@@ -139,7 +139,9 @@ def test_decoder_tuning_handler_best_only(tmp_path):
 def test_atomic_checkpoint_saver_keeps_a_complete_file(tmp_path, monkeypatch):
     net = torch.nn.Linear(2, 2)
     engine = Engine(lambda e, b: None)
-    saver = AtomicCheckpointSaver(str(tmp_path), {"model": net, "trainer": engine}, save_interval=1, interval_filename="last.pt")
+    saver = AtomicCheckpointSaver(
+        str(tmp_path), {"model": net, "trainer": engine}, save_interval=1, interval_filename="last.pt"
+    )
     saver.attach(engine)
     engine.run([0], max_epochs=2)
     state = torch.load(tmp_path / "last.pt", weights_only=True)
@@ -221,19 +223,25 @@ def test_best_metric_state_round_trip(tmp_path):
     def evaluator():
         return SupervisedEvaluator(device=torch.device("cpu"), val_data_loader=[0], network=_Head(17), epoch_length=1)
 
-    saver = AtomicCheckpointSaver(str(tmp_path), {"model": _Head(17)}, save_key_metric=True, key_metric_filename="model.pt")
+    saver = AtomicCheckpointSaver(
+        str(tmp_path), {"model": _Head(17)}, save_key_metric=True, key_metric_filename="model.pt"
+    )
     ev = evaluator()
     ev.state.best_metric, ev.state.best_metric_epoch = 0.75, 3
     saver._key_metric_checkpoint.load_state_dict({"_saved": [(0.75, "model_key_metric=0.7500.pt")]})
     path = tmp_path / "state.pt"
     torch.save({"best": BestMetricState(ev, saver).state_dict()}, path)
 
-    new_saver = AtomicCheckpointSaver(str(tmp_path), {"model": _Head(17)}, save_key_metric=True, key_metric_filename="model.pt")
+    new_saver = AtomicCheckpointSaver(
+        str(tmp_path), {"model": _Head(17)}, save_key_metric=True, key_metric_filename="model.pt"
+    )
     new_ev = evaluator()
     assert new_ev.state.best_metric_epoch == -1
     BestMetricState(new_ev, new_saver).load_state_dict(torch.load(path, weights_only=True)["best"])
     assert (new_ev.state.best_metric, new_ev.state.best_metric_epoch) == (0.75, 3)
-    assert [(i.priority, i.filename) for i in new_saver._key_metric_checkpoint._saved] == [(0.75, "model_key_metric=0.7500.pt")]
+    assert [(i.priority, i.filename) for i in new_saver._key_metric_checkpoint._saved] == [
+        (0.75, "model_key_metric=0.7500.pt")
+    ]
     with pytest.raises(KeyError, match="best_metric_epoch"):
         BestMetricState(new_ev, new_saver).load_state_dict({"best_metric": 1.0})
 
@@ -244,7 +252,9 @@ def test_event_writer_draws_the_timelines_or_warns_once_without_matplotlib(tmp_p
     import monai_vce.report.summary as summary
 
     batches, _, _, _ = _batches({"1": 6, "2": 8}, batch=5)
-    writer = TemporalEventWriter(tmp_path / "probs", events_file=tmp_path / "events.json", report_dir=tmp_path / "report", name="vce")
+    writer = TemporalEventWriter(
+        tmp_path / "probs", events_file=tmp_path / "events.json", report_dir=tmp_path / "report", name="vce"
+    )
     engine = _engine(batches)
     writer.attach(engine)
     engine.run(batches, max_epochs=1)

@@ -7,18 +7,28 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from bundle_helpers import DEMO, EVALUATE, INFERENCE, TRAIN, config_list, run_bundle, trained_bundle
 
 
 def _infer_args(run, data_dir: Path, out: Path, *extra: str) -> list[str]:
     return [
-        "run", "--config_file", config_list(INFERENCE, DEMO),
-        "--bundle_root", str(Path(TRAIN).parents[1]),
-        "--dataset_dir", str(data_dir),
-        "--ckpt_dir", str(run["models"]),
-        "--output_dir", str(out),
-        "--batch_size", "16", "--num_workers", "0", "--progress", "False",
+        "run",
+        "--config_file",
+        config_list(INFERENCE, DEMO),
+        "--bundle_root",
+        str(Path(TRAIN).parents[1]),
+        "--dataset_dir",
+        str(data_dir),
+        "--ckpt_dir",
+        str(run["models"]),
+        "--output_dir",
+        str(out),
+        "--batch_size",
+        "16",
+        "--num_workers",
+        "0",
+        "--progress",
+        "False",
         *extra,
     ]
 
@@ -63,7 +73,9 @@ def test_inference_is_resumable_after_a_kill(inferred, mini_galar, tmp_path):
     # end the process abruptly (no cleanup, like SIGKILL) as soon as the first video's file is written
     kill = "$@evaluator.add_event_handler(ignite.engine.Events.ITERATION_COMPLETED, lambda e: os._exit(9) if @event_writer.written else None)"
     proc = run_bundle(
-        _infer_args(run, mini_galar / "frames", out, "--inference", f'["$import ignite", "{kill}", "$@evaluator.run()"]'),
+        _infer_args(
+            run, mini_galar / "frames", out, "--inference", f'["$import ignite", "{kill}", "$@evaluator.run()"]'
+        ),
         check=False,
     )
     assert proc.returncode == 9, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -90,12 +102,19 @@ def test_evaluation_scores_the_validation_videos(tmp_path_factory, mini_galar):
     out = tmp_path_factory.mktemp("evaluation")
     proc = run_bundle(
         [
-            "run", "--config_file", config_list(TRAIN, EVALUATE, DEMO),
-            "--bundle_root", str(Path(TRAIN).parents[1]),
-            "--dataset_dir", str(mini_galar),
-            "--ckpt_dir", str(run["models"]),
-            "--output_dir", str(out),
-            "--num_workers", "0",
+            "run",
+            "--config_file",
+            config_list(TRAIN, EVALUATE, DEMO),
+            "--bundle_root",
+            str(Path(TRAIN).parents[1]),
+            "--dataset_dir",
+            str(mini_galar),
+            "--ckpt_dir",
+            str(run["models"]),
+            "--output_dir",
+            str(out),
+            "--num_workers",
+            "0",
         ]
     )
     metrics = json.loads((out / "metrics.json").read_text())

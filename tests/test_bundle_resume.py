@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import torch
-
 from bundle_helpers import DEMO, TRAIN, config_list, run_bundle, tiny_overrides
 
 

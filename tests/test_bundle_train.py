@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from bundle_helpers import DEMO, TRAIN, trained_bundle
 
 
@@ -32,7 +31,9 @@ def test_training_writes_best_and_last_state(run):
     net = DiffAttnCLIPClassifier(backbone="vce-tiny-vit-64", pretrained=False, image_size=64)
     net.load_state_dict(best)
     # the EMA weights differ from the trained ones (they are an average)
-    assert any(not torch.equal(last["ema"][k], last["model"][k]) for k in last["model"] if last["model"][k].is_floating_point())
+    assert any(
+        not torch.equal(last["ema"][k], last["model"][k]) for k in last["model"] if last["model"][k].is_floating_point()
+    )
     no_tmp = [p.name for p in models.iterdir() if p.name.startswith(".")]
     assert no_tmp == [], f"temporary files left behind: {no_tmp}"
 

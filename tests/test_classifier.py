@@ -102,7 +102,9 @@ def test_gradients_reach_lambda_through_both_paths(tiny, mode):
     cls_logits, con_logits = net.forward_paths(torch.rand(2, 3, 64, 64))
     target = torch.zeros_like(cls_logits)
     target[:, 3] = 1
-    loss = F.binary_cross_entropy_with_logits(cls_logits, target) + F.binary_cross_entropy_with_logits(con_logits, target)
+    loss = F.binary_cross_entropy_with_logits(cls_logits, target) + F.binary_cross_entropy_with_logits(
+        con_logits, target
+    )
     loss.backward()
     for block in net.visual.trunk.blocks:
         for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):

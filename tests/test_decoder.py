@@ -119,7 +119,9 @@ def test_decoder_label_set_events_and_units():
     assert {"start": 200, "end": 219, "label": ["small intestine", "ulcer"]} in ev
     # frame_number units: the same events shifted to the caller's ids
     ev2 = dec(p, np.arange(300) * 5 + 1000)
-    assert sorted((e["start"], e["end"]) for e in ev2 if e["label"] == ["ulcer", "small intestine"][::-1]) == [(2000, 2095)]
+    assert sorted((e["start"], e["end"]) for e in ev2 if e["label"] == ["ulcer", "small intestine"][::-1]) == [
+        (2000, 2095)
+    ]
     per_label = EventDecoder(DecoderParams.paper(composition="per_label"))(p, np.arange(300))
     assert sorted((e["start"], e["end"]) for e in per_label if e["label"] == ["small intestine"]) == [(150, 299)]
 
@@ -144,8 +146,10 @@ def test_confidence_order():
 
 def test_presence_gating_removes_absent_labels():
     p = _video()
-    labels = {"ulcer": {"presence": {"feature": "peak", "window": 5, "cutoff": 0.8}},
-              "erosion": {"presence": {"feature": "peak", "window": 5, "cutoff": 0.8}}}
+    labels = {
+        "ulcer": {"presence": {"feature": "peak", "window": 5, "cutoff": 0.8}},
+        "erosion": {"presence": {"feature": "peak", "window": 5, "cutoff": 0.8}},
+    }
     ev = EventDecoder(DecoderParams.paper(labels=labels))(p, np.arange(300))
     names = {n for e in ev for n in e["label"]}
     assert "ulcer" not in names and "erosion" in names

@@ -187,12 +187,17 @@ def test_sub_norm_off_and_schedules():
         x = torch.randn(2, 5, 64)
         maps, v = _reference_maps(attn, x)
         lam = diff.lambda_value()
-        heads = [(maps[:, 2 * j] - lam * maps[:, 2 * j + 1]) @ torch.cat((v[:, 2 * j], v[:, 2 * j + 1]), -1) for j in range(2)]
+        heads = [
+            (maps[:, 2 * j] - lam * maps[:, 2 * j + 1]) @ torch.cat((v[:, 2 * j], v[:, 2 * j + 1]), -1)
+            for j in range(2)
+        ]
         torch.testing.assert_close(diff(x), attn.proj(torch.cat(heads, -1)), atol=1e-5, rtol=0)
 
     assert resolve_lambda_init("depth", 0) == pytest.approx(0.2)
-    assert resolve_lambda_init("depth", 11) == pytest.approx(lambda_init_for_depth(11)) == pytest.approx(
-        0.8 - 0.6 * math.exp(-3.3)
+    assert (
+        resolve_lambda_init("depth", 11)
+        == pytest.approx(lambda_init_for_depth(11))
+        == pytest.approx(0.8 - 0.6 * math.exp(-3.3))
     )
     assert resolve_lambda_init("constant", 7) == 0.8
     assert resolve_lambda_init(lambda d: 0.1 * d, 3) == pytest.approx(0.3)

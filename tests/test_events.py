@@ -123,7 +123,12 @@ def test_event_json_and_challenge_format():
     events = frames_to_events(a, np.arange(6, dtype=np.int32), scores=a.astype(float))
     assert "score" in events[0]
     doc = event_json({1: events, "b": []})
-    assert doc == {"videos": [{"video_id": "1", "events": [{"start": 0, "end": 5, "label": ["colon"]}]}, {"video_id": "b", "events": []}]}
+    assert doc == {
+        "videos": [
+            {"video_id": "1", "events": [{"start": 0, "end": 5, "label": ["colon"]}]},
+            {"video_id": "b", "events": []},
+        ]
+    }
     assert isinstance(doc["videos"][0]["events"][0]["start"], int)
     json.dumps(doc)
     kept = event_json({"a": events}, challenge_format=False)

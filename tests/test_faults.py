@@ -56,7 +56,17 @@ def _config_arg(files: list[str]) -> str:
 
 def _bundle_argv(step: str, configs: list[str], **overrides: object) -> list[str]:
     """``python -m monai.bundle run <step> --config_file [...] --key value ...``."""
-    argv = [sys.executable, "-m", "monai.bundle", "run", step, "--config_file", _config_arg(configs), "--meta_file", META]
+    argv = [
+        sys.executable,
+        "-m",
+        "monai.bundle",
+        "run",
+        step,
+        "--config_file",
+        _config_arg(configs),
+        "--meta_file",
+        META,
+    ]
     for key, value in overrides.items():
         argv += [f"--{key}", str(value)]
     return argv
@@ -67,7 +77,9 @@ def _start(argv: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen(argv, cwd=REPO, env=SUB_ENV, stdout=f, stderr=subprocess.STDOUT)
 
 
-def _wait_for(condition: Callable[[], bool], proc: subprocess.Popen, timeout: float, log: Path, poll: float = 0.02) -> None:
+def _wait_for(
+    condition: Callable[[], bool], proc: subprocess.Popen, timeout: float, log: Path, poll: float = 0.02
+) -> None:
     """Poll until ``condition()``; fail with the child's log when it exits first or the time runs out."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -156,7 +168,12 @@ def _infer_in_process(data_dir: Path, out_dir: Path, model_file: Path, **extra: 
         **extra,
     }
     wf = ConfigWorkflow(
-        config_file=INFER_CFG, meta_file=META, logging_file=False, workflow_type="infer", bundle_root=str(BUNDLE), **override
+        config_file=INFER_CFG,
+        meta_file=META,
+        logging_file=False,
+        workflow_type="infer",
+        bundle_root=str(BUNDLE),
+        **override,
     )
     wf.initialize()
     try:
@@ -312,7 +329,10 @@ def test_checkpoint_write_failing_midway_keeps_previous(tmp_path: Path, monkeypa
     net = torch.nn.Linear(4, 4)
     engine = Engine(lambda e, b: 0)
     saver = AtomicCheckpointSaver(
-        save_dir=str(tmp_path), save_dict={"model": net}, save_interval=1, epoch_level=False,
+        save_dir=str(tmp_path),
+        save_dict={"model": net},
+        save_interval=1,
+        epoch_level=False,
         interval_filename="checkpoint_last.pt",
     )
     saver.attach(engine)
@@ -329,7 +349,10 @@ def test_checkpoint_write_failing_midway_keeps_previous(tmp_path: Path, monkeypa
         net.weight.fill_(2.0)
     engine2 = Engine(lambda e, b: 0)
     saver2 = AtomicCheckpointSaver(
-        save_dir=str(tmp_path), save_dict={"model": net}, save_interval=1, epoch_level=False,
+        save_dir=str(tmp_path),
+        save_dict={"model": net},
+        save_interval=1,
+        epoch_level=False,
         interval_filename="checkpoint_last.pt",
     )
     saver2.attach(engine2)
@@ -350,7 +373,10 @@ def _slow_config(tmp_path: Path, seconds_per_frame: float) -> str:
             "_target_": "monai.transforms.Compose",
             "transforms": [
                 "@preprocessing",
-                {"_target_": "monai.transforms.Lambda", "func": f"$lambda d: (__import__('time').sleep({seconds_per_frame}), d)[1]"},
+                {
+                    "_target_": "monai.transforms.Lambda",
+                    "func": f"$lambda d: (__import__('time').sleep({seconds_per_frame}), d)[1]",
+                },
             ],
         },
         "dataset#transform": "@slow_preprocessing",
@@ -360,7 +386,9 @@ def _slow_config(tmp_path: Path, seconds_per_frame: float) -> str:
     return str(path)
 
 
-def _infer_argv(data_dir: Path, out_dir: Path, model: Path, extra_configs: list[str] = (), **overrides: object) -> list[str]:
+def _infer_argv(
+    data_dir: Path, out_dir: Path, model: Path, extra_configs: list[str] = (), **overrides: object
+) -> list[str]:
     return _bundle_argv(
         "inference",
         INFER_CFG + list(extra_configs),
@@ -423,9 +451,10 @@ def test_inference_sigkill_resumes_at_first_incomplete_video(
 
 # --- non-finite values -----------------------------------------------------------------------------------
 def test_nan_loss_stops_training_naming_iteration_and_keeps_last_good_checkpoint(tmp_path: Path) -> None:
+    from ignite.engine import Events
+
     from monai_vce.engines.trainer import VCETrainer
     from monai_vce.handlers import AtomicCheckpointSaver
-    from ignite.engine import Events
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, NUM_LABELS))
@@ -437,16 +466,24 @@ def test_nan_loss_stops_training_naming_iteration_and_keeps_last_good_checkpoint
             img[0, 0, 0, 0] = float("nan")  # a corrupt frame in the third batch
         batches.append({"image": img, "label": torch.randint(0, 2, (2, NUM_LABELS)).float()})
     trainer = VCETrainer(
-        device="cpu", max_epochs=2, train_data_loader=batches, network=net,
-        optimizer=torch.optim.SGD(net.parameters(), lr=0.1), loss_function=torch.nn.BCEWithLogitsLoss(),
+        device="cpu",
+        max_epochs=2,
+        train_data_loader=batches,
+        network=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+        loss_function=torch.nn.BCEWithLogitsLoss(),
         mixup_alpha=0.0,
     )
     good: dict[int, dict] = {}
     trainer.add_event_handler(
-        Events.ITERATION_COMPLETED, lambda e: good.__setitem__(e.state.iteration, {k: v.clone() for k, v in net.state_dict().items()})
+        Events.ITERATION_COMPLETED,
+        lambda e: good.__setitem__(e.state.iteration, {k: v.clone() for k, v in net.state_dict().items()}),
     )
     AtomicCheckpointSaver(
-        save_dir=str(tmp_path), save_dict={"model": net, "trainer": trainer}, save_interval=1, epoch_level=False,
+        save_dir=str(tmp_path),
+        save_dict={"model": net, "trainer": trainer},
+        save_interval=1,
+        epoch_level=False,
         interval_filename="checkpoint_last.pt",
     ).attach(trainer)
     with pytest.raises(FloatingPointError) as info:
@@ -483,7 +520,9 @@ def test_nan_probabilities_never_reach_the_decoder_silently(tmp_path: Path) -> N
         p = torch.full((5, NUM_LABELS), 0.3)
         if vid == "b":
             p[2, 0] = float("nan")
-        batches.append({"video_id": [vid] * 5, "frame_index": torch.arange(5) + 100, "frame_number": torch.arange(5), "p": p})
+        batches.append(
+            {"video_id": [vid] * 5, "frame_index": torch.arange(5) + 100, "frame_number": torch.arange(5), "p": p}
+        )
     engine = Engine(lambda e, batch: {"pred": batch["p"]})
     writer = TemporalEventWriter(output_dir=tmp_path, events_file="events.json", videos=["a", "b"])
     writer.attach(engine)
@@ -510,7 +549,9 @@ def test_output_lock_refuses_a_second_run_and_recovers_from_a_killed_one(tmp_pat
     proc = _start([sys.executable, "-c", _HOLD_LOCK, str(folder)], log)
     try:
         _wait_for(lambda: "locked" in log.read_text(), proc, timeout=60, log=log)
-        with pytest.raises(RuntimeError, match=rf"{re.escape(str(folder))} is in use by another run \(process {proc.pid}\)"):
+        with pytest.raises(
+            RuntimeError, match=rf"{re.escape(str(folder))} is in use by another run \(process {proc.pid}\)"
+        ):
             OutputLock(folder).acquire()
     finally:
         _sigkill(proc)
@@ -521,22 +562,84 @@ def test_output_lock_refuses_a_second_run_and_recovers_from_a_killed_one(tmp_pat
     assert not lock.path.exists()
 
 
+def _gate_config(tmp_path: Path, release: Path) -> str:
+    """A config override that holds the data pipeline until the test creates ``release``.
+
+    Tests that need a run to be busy hold it at a known point this way instead of racing its speed.
+    """
+    wait = (
+        f"[__import__('time').sleep(0.05) for _ in iter(lambda: __import__('os').path.exists({str(release)!r}), True)]"
+    )
+    cfg = {
+        "gated_preprocessing": {
+            "_target_": "monai.transforms.Compose",
+            "transforms": [
+                "@preprocessing",
+                {"_target_": "monai.transforms.Lambda", "func": f"$lambda d: ({wait}, d)[1]"},
+            ],
+        },
+        "dataset#transform": "@gated_preprocessing",
+    }
+    path = tmp_path / "gate.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
 def test_two_inference_runs_on_one_output_folder(
     mini_galar: Path, tiny_model: Path, reference_inference: Path, tmp_path: Path
 ) -> None:
     """While an inference run writes into a folder, a second run on that folder is refused with a clear message."""
     out = tmp_path / "shared_out"
     log = tmp_path / "first.log"
-    first = _start(_infer_argv(mini_galar, out, tiny_model, [_slow_config(tmp_path, 0.02)]), log)
+    release = tmp_path / "release"
+    first = _start(_infer_argv(mini_galar, out, tiny_model, [_gate_config(tmp_path, release)]), log)
+    lock = out / ".monai_vce.lock"
     try:
-        _wait_for(lambda: (out / "probs").is_dir() and any((out / "probs").glob("*.npz")), first, timeout=300, log=log)
+        # the first run holds the lock and waits at the gate until the second run has been answered
+        _wait_for(lambda: lock.is_file() and lock.read_text() == str(first.pid), first, timeout=300, log=log)
         second = _run(_infer_argv(mini_galar, out, tiny_model, resume=False))
     finally:
+        release.touch()
         rc_first = first.wait(timeout=300)
     assert rc_first == 0, log.read_text()[-4000:]
     assert second.returncode != 0, "the second run on a busy output folder was not refused"
     assert re.search(r"in use by another run|is locked|another run", second.stdout + second.stderr)
     assert (out / "events.json").read_bytes() == (reference_inference / "events.json").read_bytes()
+
+
+def test_lock_take_over_is_atomic(tmp_path: Path) -> None:
+    """With a stale lock file present, of several runs started together exactly one takes the lock."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    go, end = tmp_path / "go", tmp_path / "end"
+    script = (
+        "import os, sys, time\n"
+        "from monai_vce.utils import OutputLock\n"
+        "print('ready', flush=True)\n"
+        "while not os.path.exists(sys.argv[2]): time.sleep(0.001)\n"
+        "try:\n"
+        "    OutputLock(sys.argv[1]).acquire()\n"
+        "    print('took', flush=True)\n"
+        "    while not os.path.exists(sys.argv[3]): time.sleep(0.01)\n"
+        "except RuntimeError:\n"
+        "    print('refused', flush=True)\n"
+    )
+    argv = [sys.executable, "-c", script, str(folder), str(go), str(end)]
+    for trial in range(5):
+        (folder / ".monai_vce.lock").write_text("999999999")  # a stale lock file, as a killed run leaves it
+        procs = [subprocess.Popen(argv, cwd=REPO, env=SUB_ENV, stdout=subprocess.PIPE, text=True) for _ in range(4)]
+        try:
+            assert [p.stdout.readline().strip() for p in procs] == ["ready"] * 4
+            go.touch()  # all four try at once
+            answers = sorted(p.stdout.readline().strip() for p in procs)
+        finally:
+            end.touch()
+            for p in procs:
+                p.communicate(timeout=60)
+        go.unlink()
+        end.unlink()
+        assert answers == ["refused", "refused", "refused", "took"], (trial, answers)
+        assert not (folder / ".monai_vce.lock").exists()  # removed at exit by the one that took it
 
 
 def test_training_refuses_a_checkpoint_folder_in_use(mini_galar: Path, tmp_path: Path) -> None:
@@ -772,7 +875,12 @@ def _bad_events(kind: str) -> tuple[dict, str]:
 
 
 _BAD_EVENT_KINDS = [
-    "string label", "unknown label", "start > end", "negative frame", "non-integer frame", "string frame",
+    "string label",
+    "unknown label",
+    "start > end",
+    "negative frame",
+    "non-integer frame",
+    "string frame",
     "duplicate video id",
 ]
 
@@ -817,9 +925,12 @@ def test_report_command_line_bad_input_has_no_traceback(tmp_path: Path) -> None:
         res = _run([sys.executable, "-m", "monai_vce.report", *argv, "--out", str(tmp_path / "report")], timeout=120)
         assert res.returncode == 2 and "Traceback" not in res.stderr
         assert "error: " in res.stderr and argv[1] in res.stderr
-    assert expected in _run(
-        [sys.executable, "-m", "monai_vce.report", "--pred", str(bad), "--out", str(tmp_path / "r")], timeout=120
-    ).stderr
+    assert (
+        expected
+        in _run(
+            [sys.executable, "-m", "monai_vce.report", "--pred", str(bad), "--out", str(tmp_path / "r")], timeout=120
+        ).stderr
+    )
 
 
 def test_synthetic_command_line_bad_input_has_no_traceback(tmp_path: Path) -> None:
@@ -840,13 +951,16 @@ def test_synthetic_command_line_bad_input_has_no_traceback(tmp_path: Path) -> No
 
 
 def test_text_embeddings_of_wrong_shape(tmp_path: Path) -> None:
-    from monai_vce.networks import DiffAttnCLIPClassifier, TINY_MODEL_NAME
+    from monai_vce.networks import TINY_MODEL_NAME, DiffAttnCLIPClassifier
     from monai_vce.text_embeddings import load_text_embeddings
 
     net = DiffAttnCLIPClassifier(backbone=TINY_MODEL_NAME, pretrained=False, image_size=64)
     dim = net.embed_dim
     cases = {
-        "rows.pt": ({"labels": list(LABELS[:5]), "embeddings": torch.randn(5, dim)}, f"expected shape (17, {dim}), got (5, {dim})"),
+        "rows.pt": (
+            {"labels": list(LABELS[:5]), "embeddings": torch.randn(5, dim)},
+            f"expected shape (17, {dim}), got (5, {dim})",
+        ),
         "width.pt": (torch.randn(NUM_LABELS, dim + 3), f"expected shape (17, {dim}), got (17, {dim + 3})"),
         "ndim.pt": (torch.randn(NUM_LABELS), "expected a 2-D float tensor"),
     }
@@ -862,7 +976,7 @@ def test_text_embeddings_of_wrong_shape(tmp_path: Path) -> None:
 
 
 def test_checkpoint_of_another_number_of_classes_names_the_file(mini_galar: Path, tmp_path: Path) -> None:
-    from monai_vce.networks import DiffAttnCLIPClassifier, TINY_MODEL_NAME
+    from monai_vce.networks import TINY_MODEL_NAME, DiffAttnCLIPClassifier
 
     other = DiffAttnCLIPClassifier(backbone=TINY_MODEL_NAME, pretrained=False, image_size=64, num_classes=5)
     ckpt = tmp_path / "five_classes.pt"
@@ -897,7 +1011,7 @@ class _Payload:
     def __init__(self, marker: Path) -> None:
         self.marker = str(marker)
 
-    def __reduce__(self):  # noqa: ANN204
+    def __reduce__(self):
         return (os.mkdir, (self.marker,))
 
 
@@ -910,7 +1024,7 @@ def test_pickle_with_code_is_refused_by_every_checkpoint_loading_path(mini_galar
     from ignite.engine import Engine
     from monai.handlers import CheckpointLoader
 
-    from monai_vce.networks import DiffAttnCLIPClassifier, TINY_MODEL_NAME
+    from monai_vce.networks import TINY_MODEL_NAME, DiffAttnCLIPClassifier
     from monai_vce.text_embeddings import load_text_embeddings
 
     # the payload works: an unsafe load would run it
@@ -963,7 +1077,9 @@ def test_probability_file_with_pickled_objects_is_refused(tmp_path: Path) -> Non
 
     marker = tmp_path / "marker"
     path = tmp_path / "v1.npz"
-    np.savez(path, probs=np.array([_Payload(marker)], dtype=object), frame_index=np.array([_Payload(marker)], dtype=object))
+    np.savez(
+        path, probs=np.array([_Payload(marker)], dtype=object), frame_index=np.array([_Payload(marker)], dtype=object)
+    )
     with pytest.raises(ValueError, match=re.escape(str(path))):
         load_video_probs(path)
     assert npz_frame_count(path) is None

@@ -62,7 +62,13 @@ def test_build_contents_match_decoder_and_dataset_items(tmp_path, workers):
 
 def test_dataset_transform_and_worker_processes(tmp_path):
     data = _make_videos(tmp_path)
-    ds = FrameCacheDataset(data, tmp_path / "cache", image_size=SIZE, progress=False, transform=lambda d: {**d, "image": d["image"].flip(-1)})
+    ds = FrameCacheDataset(
+        data,
+        tmp_path / "cache",
+        image_size=SIZE,
+        progress=False,
+        transform=lambda d: {**d, "image": d["image"].flip(-1)},
+    )
     ds[0]  # opens a memory map in this process; it must not travel to the workers
     loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2)
     images = torch.cat([b["image"] for b in loader])
@@ -133,7 +139,9 @@ def test_bad_inputs_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match="video_id"):
         FrameCache(tmp_path / "cache").build([{"image": "x.png"}], progress=False)
     with pytest.raises(FileNotFoundError, match="missing.png"):
-        FrameCache(tmp_path / "cache").build([{"image": str(tmp_path / "missing.png"), "video_id": "v"}], progress=False)
+        FrameCache(tmp_path / "cache").build(
+            [{"image": str(tmp_path / "missing.png"), "video_id": "v"}], progress=False
+        )
 
 
 def test_pipeline_starting_with_the_loader_runs_on_cached_frames(tmp_path):
@@ -142,7 +150,11 @@ def test_pipeline_starting_with_the_loader_runs_on_cached_frames(tmp_path):
     from monai_vce.data import LoadVCEFramed
 
     data = _make_videos(tmp_path, videos=(("v1", 2),))
-    keep = FrameCacheDataset(data, tmp_path / "cache", image_size=SIZE, transform=Compose([LoadVCEFramed(image_size=None)]))
+    keep = FrameCacheDataset(
+        data, tmp_path / "cache", image_size=SIZE, transform=Compose([LoadVCEFramed(image_size=None)])
+    )
     assert torch.equal(keep[1]["image"], load_vce_frame(data[1]["image"], SIZE))
-    small = FrameCacheDataset(data, tmp_path / "cache", image_size=SIZE, transform=Compose([LoadVCEFramed(image_size=8)]))
+    small = FrameCacheDataset(
+        data, tmp_path / "cache", image_size=SIZE, transform=Compose([LoadVCEFramed(image_size=8)])
+    )
     assert small[1]["image"].shape == (3, 8, 8) and small[1]["image"].dtype == torch.uint8

@@ -30,7 +30,11 @@ def _save(path, arr, **kw):
 
 
 def _user_warnings(rec):
-    return [str(w.message) for w in rec if issubclass(w.category, UserWarning) and not issubclass(w.category, DeprecationWarning)]
+    return [
+        str(w.message)
+        for w in rec
+        if issubclass(w.category, UserWarning) and not issubclass(w.category, DeprecationWarning)
+    ]
 
 
 def test_rgb_shape_dtype_and_exact_content(tmp_path):

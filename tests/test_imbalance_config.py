@@ -57,7 +57,9 @@ CONFIG = {
         "ema": {"_target_": "monai_vce.handlers.EMAWeights", "network": "@network", "beta": 0.999, "warmup_iters": 2},
         # MONAI's ConfigWorkflow.check_properties() needs every train#handlers item to be a dict, so the EMA
         # (referenced by the evaluator too) is attached in "run" instead of being listed here
-        "handlers": [{"_target_": "ValidationHandler", "validator": "@validate#evaluator", "interval": "@val_interval"}],
+        "handlers": [
+            {"_target_": "ValidationHandler", "validator": "@validate#evaluator", "interval": "@val_interval"}
+        ],
         "trainer": {
             "_target_": "monai_vce.engines.VCETrainer",
             "device": "@device",
@@ -171,7 +173,10 @@ def test_one_line_overrides_swap_loss_and_sampler(config_file, tmp_path):
     override = _write(
         tmp_path,
         "override.json",
-        {"train#loss": {"_target_": "torch.nn.BCEWithLogitsLoss"}, "train#sampler": {"_target_": "torch.utils.data.RandomSampler", "data_source": "@train#dataset"}},
+        {
+            "train#loss": {"_target_": "torch.nn.BCEWithLogitsLoss"},
+            "train#sampler": {"_target_": "torch.utils.data.RandomSampler", "data_source": "@train#dataset"},
+        },
     )
     parser = ConfigParser()
     parser.read_config([config_file, override])
@@ -196,7 +201,12 @@ def test_workflow_properties_and_full_run(config_file, tmp_path):
     meta = _write(
         tmp_path,
         "metadata.json",
-        {"version": "0.0.1", "monai_version": monai.__version__, "pytorch_version": torch.__version__, "numpy_version": np.__version__},
+        {
+            "version": "0.0.1",
+            "monai_version": monai.__version__,
+            "pytorch_version": torch.__version__,
+            "numpy_version": np.__version__,
+        },
     )
     wf = ConfigWorkflow(config_file=config_file, meta_file=meta, workflow_type="train")
     wf.initialize()

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from bundle_helpers import CONFIGS, METADATA, run_bundle, trained_bundle
 
 pytestmark = pytest.mark.integration
@@ -49,7 +48,9 @@ def _tiny_bundle(tmp_path: Path, model_pt: Path) -> Path:
 
 
 def test_monai_label_bundle_infer_task(tmp_path_factory, tmp_path, mini_galar):
-    pytest.importorskip("monailabel", reason="MONAI Label is not installed (pip install monai-vce[label], in its own venv)")
+    pytest.importorskip(
+        "monailabel", reason="MONAI Label is not installed (pip install monai-vce[label], in its own venv)"
+    )
     from monailabel.tasks.infer.bundle import BundleInferTask
 
     run = trained_bundle(tmp_path_factory, mini_galar)
@@ -64,7 +65,9 @@ def test_monai_label_bundle_infer_task(tmp_path_factory, tmp_path, mini_galar):
     from monai_vce.labels import LABELS
 
     assert list(scores) == list(LABELS)
-    torch.testing.assert_close(torch.tensor([scores[n] for n in LABELS], dtype=torch.float32), expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        torch.tensor([scores[n] for n in LABELS], dtype=torch.float32), expected, rtol=1e-4, atol=1e-5
+    )
 
 
 def test_monai_deploy_bundle_inference_operator(tmp_path_factory, tmp_path, mini_galar):
@@ -80,9 +83,20 @@ def test_monai_deploy_bundle_inference_operator(tmp_path_factory, tmp_path, mini
     ts = tmp_path / "model.ts"
     run_bundle(
         [
-            "ckpt_export", "network_def", "--filepath", str(ts), "--ckpt_file", str(run["models"] / "model.pt"),
-            "--meta_file", METADATA, "--config_file", str(root / "configs" / "inference.json"),
-            "--use_trace", "True", "--input_shape", "[1, 3, 64, 64]",
+            "ckpt_export",
+            "network_def",
+            "--filepath",
+            str(ts),
+            "--ckpt_file",
+            str(run["models"] / "model.pt"),
+            "--meta_file",
+            METADATA,
+            "--config_file",
+            str(root / "configs" / "inference.json"),
+            "--use_trace",
+            "True",
+            "--input_shape",
+            "[1, 3, 64, 64]",
         ]
     )
     op = MonaiBundleInferenceOperator(
@@ -104,4 +118,6 @@ def test_monai_deploy_bundle_inference_operator(tmp_path_factory, tmp_path, mini
         logits = op.predict(data=x)
         probs = op.post_process(logits)
     probs = probs["pred"] if isinstance(probs, dict) else probs
-    torch.testing.assert_close(torch.as_tensor(probs).reshape(-1), _eager_probs(run["models"] / "model.pt", frame), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        torch.as_tensor(probs).reshape(-1), _eager_probs(run["models"] / "model.pt", frame), rtol=1e-4, atol=1e-5
+    )

@@ -8,9 +8,23 @@ from monai_vce import labels as L
 
 def test_label_order_and_groups():
     assert L.LABELS == (
-        "mouth", "esophagus", "stomach", "small intestine", "colon", "z-line", "pylorus", "ileocecal valve",
-        "active bleeding", "angiectasia", "blood", "erosion", "erythema", "hematin", "lymphangioectasis",
-        "polyp", "ulcer",
+        "mouth",
+        "esophagus",
+        "stomach",
+        "small intestine",
+        "colon",
+        "z-line",
+        "pylorus",
+        "ileocecal valve",
+        "active bleeding",
+        "angiectasia",
+        "blood",
+        "erosion",
+        "erythema",
+        "hematin",
+        "lymphangioectasis",
+        "polyp",
+        "ulcer",
     )
     assert L.NUM_LABELS == 17
     assert L.ANATOMY + L.PATHOLOGY == L.LABELS

@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 
 from monai_vce.labels import LABELS
-from monai_vce.metrics import average_precision, segment_tiou, temporal_map, temporal_map_reference, video_average_precision
+from monai_vce.metrics import (
+    average_precision,
+    segment_tiou,
+    temporal_map,
+    temporal_map_reference,
+    video_average_precision,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 N = len(LABELS)
@@ -233,7 +239,9 @@ def test_low_level_functions_agree():
     assert table.shape == (N, 2)
     assert table[LABELS.index("blood"), 0] == pytest.approx(0.25 + 1 / 3)
     assert table[LABELS.index("colon"), 0] == 0.0
-    np.testing.assert_allclose(average_precision([[0, 9], [20, 29]], [[100, 110], [0, 9], [20, 29]], 0.5), [0.25 + 1 / 3])
+    np.testing.assert_allclose(
+        average_precision([[0, 9], [20, 29]], [[100, 110], [0, 9], [20, 29]], 0.5), [0.25 + 1 / 3]
+    )
 
 
 # ---------------------------------------------------------------- command line
@@ -241,7 +249,11 @@ def test_low_level_functions_agree():
 
 def _cli(*args):
     return subprocess.run(
-        [sys.executable, "-m", "monai_vce.metrics", *map(str, args)], capture_output=True, text=True, cwd=REPO, timeout=120
+        [sys.executable, "-m", "monai_vce.metrics", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
     )
 
 
@@ -314,7 +326,8 @@ def _run_engine(metric, batches, decollate=False):
     def step(engine, batch):
         if decollate:
             engine.state.batch = [
-                {"video_id": v, "frame_index": torch.tensor(f)} for v, f in zip(batch["video_id"], batch["frame_index"].tolist())
+                {"video_id": v, "frame_index": torch.tensor(f)}
+                for v, f in zip(batch["video_id"], batch["frame_index"].tolist())
             ]
             return [{"pred": p, "label": l} for p, l in zip(batch["pred"], batch["label"])]
         return {"pred": batch["pred"], "label": batch["label"]}
@@ -392,7 +405,12 @@ def test_ignite_metric_custom_decoder_sigmoid_and_four_item_transform():
     # frame ids with gaps (every 5th frame), listed twice (as a padded distributed sampler does)
     idx = np.arange(30) * 5
     data = [
-        {"y_pred": torch.tensor(logits[lo : lo + 10]), "y": torch.tensor(y[lo : lo + 10]), "vid": ["x"] * 10, "idx": torch.tensor(idx[lo : lo + 10])}
+        {
+            "y_pred": torch.tensor(logits[lo : lo + 10]),
+            "y": torch.tensor(y[lo : lo + 10]),
+            "vid": ["x"] * 10,
+            "idx": torch.tensor(idx[lo : lo + 10]),
+        }
         for lo in (20, 0, 10, 0)
     ]
     engine = Engine(lambda e, b: b)
@@ -421,7 +439,10 @@ def _distributed_worker(local_rank, out_dir):
     from monai_vce.metrics import TemporalMAPMetric
 
     rank = idist.get_rank()
-    y = {"v1": _video_targets(20, [("stomach", 0, 9), ("small intestine", 10, 19)]), "v2": _video_targets(10, [("colon", 0, 9)])}
+    y = {
+        "v1": _video_targets(20, [("stomach", 0, 9), ("small intestine", 10, 19)]),
+        "v2": _video_targets(10, [("colon", 0, 9)]),
+    }
     p = {k: v.copy() for k, v in y.items()}
     p["v1"][15, LABELS.index("small intestine")] = 0.0  # splits the predicted run only once frames are combined
     # rank 0 holds v1's even frames and all of v2, rank 1 v1's odd frames (among them frame 15) and a
@@ -465,7 +486,9 @@ def test_ignite_metric_cross_fitted_decoder_scores_each_video_with_a_decoder_tun
     rng = np.random.default_rng(1)
     videos = {}
     for k in range(4):
-        y = _video_targets(80, [("stomach", 0, 19), ("small intestine", 20, 59), ("colon", 60, 79), ("blood", 30 + k, 36 + k)])
+        y = _video_targets(
+            80, [("stomach", 0, 19), ("small intestine", 20, 59), ("colon", 60, 79), ("blood", 30 + k, 36 + k)]
+        )
         # a confident but biased model: a fixed 0.5 threshold emits every label everywhere
         p = np.clip(0.55 + 0.4 * y + rng.normal(0, 0.02, y.shape), 0, 1).astype(np.float32)
         videos[f"v{k}"] = (p, y)

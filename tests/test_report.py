@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 pytest.importorskip("matplotlib")
-from PIL import Image  # noqa: E402
+from PIL import Image
 
-from monai_vce.labels import LABELS, SECTIONS  # noqa: E402
-from monai_vce.metrics import temporal_map  # noqa: E402
-from monai_vce.report import (  # noqa: E402
+from monai_vce.labels import LABELS, SECTIONS
+from monai_vce.metrics import temporal_map
+from monai_vce.report import (
     draw_summary,
     draw_timeline,
     figure_to_png,
@@ -26,7 +26,7 @@ from monai_vce.report import (  # noqa: E402
     presence_matrix,
     write_report,
 )
-from monai_vce.report.__main__ import main  # noqa: E402
+from monai_vce.report.__main__ import main
 
 GALAR = Path(__file__).resolve().parents[2] / "shared/data/galar_events.json"
 
@@ -171,7 +171,11 @@ def test_draw_timeline_one_lane_per_label_in_order():
     rng = np.random.default_rng(0)
     scores = temporal_map(GT, PRED)["per_video"]["a"]
     fig = draw_timeline(
-        "a", PRED["videos"][0]["events"], GT["videos"][0]["events"], rng.random((FRAMES, 17)), np.arange(FRAMES),
+        "a",
+        PRED["videos"][0]["events"],
+        GT["videos"][0]["events"],
+        rng.random((FRAMES, 17)),
+        np.arange(FRAMES),
         scores=scores,
     )
     ax = _lanes(fig)
@@ -203,9 +207,16 @@ def test_large_video_renders_fast_with_bounded_artists():
     events += [_ev(0, 60_000, "small intestine"), _ev(60_001, n - 1, "colon")]
     probs = rng.random((n, 17), dtype=np.float32)
     t0 = time.perf_counter()
-    fig = draw_timeline("long", events, events, probs, np.arange(n), scores=temporal_map(
-        {"videos": [{"video_id": "long", "events": events}]}, {"videos": [{"video_id": "long", "events": events}]}
-    )["per_video"]["long"])
+    fig = draw_timeline(
+        "long",
+        events,
+        events,
+        probs,
+        np.arange(n),
+        scores=temporal_map(
+            {"videos": [{"video_id": "long", "events": events}]}, {"videos": [{"video_id": "long", "events": events}]}
+        )["per_video"]["long"],
+    )
     png = figure_to_png(fig)
     elapsed = time.perf_counter() - t0
     assert elapsed < 5.0, f"134,000-frame timeline took {elapsed:.1f} s"
@@ -280,8 +291,11 @@ def test_subset_of_videos(files, tmp_path):
 
 def test_in_memory_prediction_with_scores(files, tmp_path):
     gt, _, _ = files
-    pred = {"videos": [{"video_id": v["video_id"], "events": [{**e, "score": 0.5} for e in v["events"]]}
-                       for v in PRED["videos"]]}
+    pred = {
+        "videos": [
+            {"video_id": v["video_id"], "events": [{**e, "score": 0.5} for e in v["events"]]} for v in PRED["videos"]
+        ]
+    }
     res = write_report(pred, tmp_path / "mem", gt=gt)
     assert res["metrics"] == temporal_map(gt, PRED)
     assert "- Prediction: `prediction`" in res["summary_md"].read_text()
@@ -298,7 +312,12 @@ def test_inference_mode_without_ground_truth(files, tmp_path):
     assert "| b | 4 | stomach, small intestine, polyp | [timeline](timelines/b.png) |" in md
     summary = json.loads(res["summary_json"].read_text())
     assert summary["metrics"] is None and summary["predicted_labels"]["a"] == [
-        "mouth", "esophagus", "stomach", "small intestine", "colon", "angiectasia"
+        "mouth",
+        "esophagus",
+        "stomach",
+        "small intestine",
+        "colon",
+        "angiectasia",
     ]
     fig = draw_timeline("b", PRED["videos"][1]["events"])
     band = next(a for a in fig.axes if a.get_label() == "sections")
@@ -339,8 +358,11 @@ def test_bad_inputs_name_the_file_or_video(files, tmp_path):
     from monai_vce.utils import atomic_save_npz
 
     atomic_save_npz(
-        probs / "b.npz", probs=np.zeros((FRAMES, 17), np.float32), frame_index=np.arange(FRAMES - 1),
-        frame_number=np.arange(FRAMES), labels=np.array(LABELS),
+        probs / "b.npz",
+        probs=np.zeros((FRAMES, 17), np.float32),
+        frame_index=np.arange(FRAMES - 1),
+        frame_number=np.arange(FRAMES),
+        labels=np.array(LABELS),
     )
     with pytest.raises(ValueError, match=r"b\.npz.*frame_index"):
         write_report(pred, tmp_path / "o5", gt=gt, probs_dir=probs)

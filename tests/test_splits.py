@@ -30,8 +30,14 @@ def make_datalist(n_videos: int = 20, frames: int = 3) -> list[dict]:
                 if f == 0 or name == "small intestine":  # pathologies only on the first frame
                     label[label_index(name)] = 1.0
             items.append(
-                {"image": f"{vid}/{f}.png", "label": label, "video_id": vid, "frame_index": f, "frame_number": f,
-                 "capsule": "PillCam SB3" if v % 4 else "Olympus"}
+                {
+                    "image": f"{vid}/{f}.png",
+                    "label": label,
+                    "video_id": vid,
+                    "frame_index": f,
+                    "frame_number": f,
+                    "capsule": "PillCam SB3" if v % 4 else "Olympus",
+                }
             )
     return items
 
@@ -127,8 +133,11 @@ def test_split_errors():
 
 
 def test_split_unlabeled_datalist():
-    dl = [{"image": f"{v}/{f}", "video_id": str(v), "frame_index": f, "frame_number": f, "capsule": "x"}
-          for v in range(5) for f in range(2)]
+    dl = [
+        {"image": f"{v}/{f}", "video_id": str(v), "frame_index": f, "frame_number": f, "capsule": "x"}
+        for v in range(5)
+        for f in range(2)
+    ]
     train, val = split_videos(dl, 0.4, seed=0)
     assert len(vids(val)) == 2 and vids(train).isdisjoint(vids(val))
 
@@ -147,8 +156,16 @@ def test_split_real_galar_label_presence(galar_events_path):
     dl = []
     for v in videos:
         present = {name for e in v["events"] for name in e["label"]}
-        dl.append({"image": "", "label": [float(n in present) for n in LABELS], "video_id": v["video_id"],
-                   "frame_index": 0, "frame_number": 0, "capsule": "unknown"})
+        dl.append(
+            {
+                "image": "",
+                "label": [float(n in present) for n in LABELS],
+                "video_id": v["video_id"],
+                "frame_index": 0,
+                "frame_number": 0,
+                "capsule": "unknown",
+            }
+        )
     ids, presence = video_label_presence(dl)
     assert len(ids) == 80
     for seed in range(3):

@@ -132,7 +132,13 @@ def _infer(n_frames: int, pool: list[str], network, out_dir: Path, leak: bool = 
     from monai_vce.handlers import FrameProgressHandler, TemporalEventWriter
 
     datalist = [
-        {"image": pool[i % len(pool)], "video_id": "long", "frame_index": i, "frame_number": i, "capsule": "PillCam SB3"}
+        {
+            "image": pool[i % len(pool)],
+            "video_id": "long",
+            "frame_index": i,
+            "frame_number": i,
+            "capsule": "PillCam SB3",
+        }
         for i in range(n_frames)
     ]
     loader = DataLoader(
@@ -156,8 +162,10 @@ def _infer(n_frames: int, pool: list[str], network, out_dir: Path, leak: bool = 
     evaluator.run()
     main_peak = max(sampler.peak_main, _peak_self() if hwm else 0)
     growth = (main_peak - base + sampler.worker_growth) / 2**20
-    print(f"{n_frames} frames{' (control)' if leak else ''}: main +{(main_peak - base) / 2**20:.1f} MB, "
-          f"workers +{sampler.worker_growth / 2**20:.1f} MB ({len(sampler.workers)} seen)")
+    print(
+        f"{n_frames} frames{' (control)' if leak else ''}: main +{(main_peak - base) / 2**20:.1f} MB, "
+        f"workers +{sampler.worker_growth / 2**20:.1f} MB ({len(sampler.workers)} seen)"
+    )
 
     # the run is complete and correct: every frame went through, the JSON lists the video
     assert progress.frames == n_frames and progress.videos == 1
@@ -222,7 +230,9 @@ def _progress_run(monkeypatch, tty: bool, enabled: bool = True):
     from monai.data import Dataset
 
     # the totals come from the datalist of the loader's dataset, as with the bundle's monai.data.Dataset
-    dataset = Dataset(data, transform=lambda d: {"video_id": d["video_id"], "image": torch.zeros(3, 2, 2, dtype=torch.uint8)})
+    dataset = Dataset(
+        data, transform=lambda d: {"video_id": d["video_id"], "image": torch.zeros(3, 2, 2, dtype=torch.uint8)}
+    )
     loader = torch.utils.data.DataLoader(dataset, batch_size=4)
     engine = Engine(lambda e, b: None)
     records = []

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from monai_vce.data import build_galar_datalist, generate_mini_galar
-from monai_vce.data import synthetic
+from monai_vce.data import build_galar_datalist, generate_mini_galar, synthetic
 from monai_vce.data.render import iter_render_video
 from monai_vce.data.synthetic import (
     builtin_timeline,
@@ -138,8 +137,13 @@ def test_naming_challenge(tmp_path):
 def synthetic_real_timeline() -> np.ndarray:
     """A 'real' 10,000-frame timeline with short landmarks and short lesions."""
     t = np.zeros((10000, 17), dtype=bool)
-    bounds = {"mouth": (0, 30), "esophagus": (30, 45), "stomach": (45, 1500), "small intestine": (1500, 7000),
-              "colon": (7000, 10000)}
+    bounds = {
+        "mouth": (0, 30),
+        "esophagus": (30, 45),
+        "stomach": (45, 1500),
+        "small intestine": (1500, 7000),
+        "colon": (7000, 10000),
+    }
     for name, (a, b) in bounds.items():
         t[a:b, label_index(name)] = True
     t[44:46, label_index("z-line")] = True

@@ -50,7 +50,9 @@ def test_cli_local_dir_and_checkpoint_file(tiny, capsys):
     torch.testing.assert_close(saved["embeddings"].norm(dim=1), torch.ones(17))
 
     out_file = tiny / "out_file.pt"
-    assert main(["--model", str(tiny / "tiny.safetensors"), "--model-name", TINY_MODEL_NAME, "--out", str(out_file)]) == 0
+    assert (
+        main(["--model", str(tiny / "tiny.safetensors"), "--model-name", TINY_MODEL_NAME, "--out", str(out_file)]) == 0
+    )
     torch.testing.assert_close(load_text_embeddings(out_file, embed_dim=32), expected, atol=1e-6, rtol=0)
     # another seed gives other embeddings: the comparison above can fail
     assert (_expected(seed=6) - expected).abs().max() > 1e-3

@@ -112,7 +112,9 @@ def test_save_load_round_trip_and_errors(tmp_path):
     d["tumour"] = 0.4
     d["ulcer"] = 1.5
     bad.write_text(json.dumps(d))
-    with pytest.raises(ValueError, match=r"bad.json.*unknown labels \['tumour'\].*missing labels \['polyp'\].*'ulcer': 1.5"):
+    with pytest.raises(
+        ValueError, match=r"bad.json.*unknown labels \['tumour'\].*missing labels \['polyp'\].*'ulcer': 1.5"
+    ):
         load_thresholds(bad)
     with pytest.raises(ValueError, match="expected 17 thresholds"):
         save_thresholds(tmp_path / "c.json", [0.5] * 3)

@@ -48,7 +48,9 @@ def _datalist(n=32, seed=0):
         label = (rng.random(C) < 0.3).astype(np.float32)
         img = rng.integers(0, 256, size=(3, 8, 8), dtype=np.uint8)
         img[0, :C] = (label[:, None] * 255).astype(np.uint8)  # row c of the red channel shows class c
-        items.append({"image": torch.from_numpy(img), "label": torch.from_numpy(label), "video_id": "v", "frame_index": i})
+        items.append(
+            {"image": torch.from_numpy(img), "label": torch.from_numpy(label), "video_id": "v", "frame_index": i}
+        )
     return items
 
 
@@ -177,7 +179,10 @@ def test_non_finite_loss_raises_before_the_step():
                 net.head.bias.fill_(float("nan"))
 
     trainer.add_event_handler(Events.ITERATION_STARTED, poison)
-    with pytest.raises(FloatingPointError, match=r"non-finite training loss \(nan\) at epoch 2, iteration 4 \(iteration 2 of the epoch\)"):
+    with pytest.raises(
+        FloatingPointError,
+        match=r"non-finite training loss \(nan\) at epoch 2, iteration 4 \(iteration 2 of the epoch\)",
+    ):
         trainer.run()
     assert not torch.equal(net.conv.weight, before["conv.weight"])  # earlier steps happened
     # the poisoned step did not: the other weights are not NaN
@@ -220,7 +225,10 @@ def test_decollated_output_works_with_monai_handlers():
     from monai.handlers import StatsHandler, from_engine
 
     trainer = _trainer(
-        TinyNet(), _loader(_datalist(8)), decollate=True, train_handlers=[StatsHandler(output_transform=from_engine(["loss"], first=True))]
+        TinyNet(),
+        _loader(_datalist(8)),
+        decollate=True,
+        train_handlers=[StatsHandler(output_transform=from_engine(["loss"], first=True))],
     )
     trainer.run()
     assert isinstance(trainer.state.output, list) and len(trainer.state.output) == 8
@@ -276,6 +284,8 @@ def test_dual_path_through_ddp(tmp_path):
         assert net.path_calls == 1
         assert "forward" not in vars(net)  # the temporary redirection is undone
         assert not torch.equal(net.con.weight, before)  # the contrastive head trained through DDP
-        torch.testing.assert_close(ddp(_datalist(2)[0]["image"][None].float() / 255), net(_datalist(2)[0]["image"][None].float() / 255))
+        torch.testing.assert_close(
+            ddp(_datalist(2)[0]["image"][None].float() / 255), net(_datalist(2)[0]["image"][None].float() / 255)
+        )
     finally:
         dist.destroy_process_group()

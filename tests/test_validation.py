@@ -60,7 +60,10 @@ def test_structure_messages(obj, message):
         ({"start": -1, "end": 4, "label": ["colon"]}, "'start' must be non-negative, got -1"),
         ({"start": 0, "label": ["colon"]}, "missing key 'end'"),
         ({"label": ["colon"]}, "missing keys 'start', 'end'"),
-        ({"start": 0, "end": 4, "label": ["colon"], "score": 0.5}, "unexpected key 'score' (an event has only 'start', 'end', 'label')"),
+        (
+            {"start": 0, "end": 4, "label": ["colon"], "score": 0.5},
+            "unexpected key 'score' (an event has only 'start', 'end', 'label')",
+        ),
         ("colon", "must be a dict with 'start', 'end', 'label', got str 'colon'"),
     ],
 )
@@ -82,7 +85,9 @@ def test_numpy_integers_are_reported_but_converted_on_save(tmp_path):
 def test_extra_keys_tolerated_when_not_strict():
     obj = one([{"start": 0, "end": 4, "label": ["colon"], "score": 0.5}])
     assert validate_events(obj, strict=False) == []
-    assert validate_events({**GOOD, "version": 1}) == ["unexpected top-level key 'version' (the format has only 'videos')"]
+    assert validate_events({**GOOD, "version": 1}) == [
+        "unexpected top-level key 'version' (the format has only 'videos')"
+    ]
 
 
 def test_several_problems_each_reported():

@@ -303,9 +303,7 @@ def _int_column(values: np.ndarray, name: str, path: Path) -> np.ndarray:
         try:
             int(v)
         except ValueError:
-            raise ValueError(
-                f"{path}: data row {r + 1}, column {name!r}: value {str(v)!r} is not an integer"
-            ) from None
+            raise ValueError(f"{path}: data row {r + 1}, column {name!r}: value {str(v)!r} is not an integer") from None
     raise ValueError(f"{path}: column {name!r} holds values that are not integers")  # pragma: no cover
 
 
@@ -501,8 +499,10 @@ class VideoReport:
             "n_frames": self.n_frames,
             "n_rows": self.n_rows,
             "n_items": self.n_items,
-            **{k: {"count": getattr(self, k)["count"], "examples": list(getattr(self, k)["examples"])}
-               for k in self._KINDS},
+            **{
+                k: {"count": getattr(self, k)["count"], "examples": list(getattr(self, k)["examples"])}
+                for k in self._KINDS
+            },
         }
 
 
@@ -530,11 +530,15 @@ class GalarReport:
         """One line per problem, per video."""
         out = [m for v in self.videos.values() for m in v.messages()]
         if self.videos_without_labels:
-            out.append(f"{len(self.videos_without_labels)} video folders without a label CSV (skipped): "
-                       f"{_examples(self.videos_without_labels)}")
+            out.append(
+                f"{len(self.videos_without_labels)} video folders without a label CSV (skipped): "
+                f"{_examples(self.videos_without_labels)}"
+            )
         if self.labels_without_frames:
-            out.append(f"{len(self.labels_without_frames)} label CSVs without a video folder (skipped): "
-                       f"{_examples(self.labels_without_frames)}")
+            out.append(
+                f"{len(self.labels_without_frames)} label CSVs without a video folder (skipped): "
+                f"{_examples(self.labels_without_frames)}"
+            )
         return out
 
     def to_dict(self) -> dict:
@@ -560,9 +564,7 @@ def _raise_or_warn(report: GalarReport, strict: bool, source: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------- datalists
-def _select_videos(
-    found: dict[str, Path], videos: Iterable[str] | None, frames_dir: Path
-) -> dict[str, Path]:
+def _select_videos(found: dict[str, Path], videos: Iterable[str] | None, frames_dir: Path) -> dict[str, Path]:
     if videos is None:
         return found
     if isinstance(videos, str):

@@ -374,8 +374,11 @@ def render_frames(
     if out is not None:  # red inflamed ring around the fibrin centre
         sel, dist, rad, present, alpha = out
         outside = 1 - _soft_disc(dist, rad[..., None, None], px)  # the ring never covers the fibrin centre
-        ring = (np.exp(-(((dist - 1.6 * rad[..., None, None]) / (0.5 * rad[..., None, None] + px)) ** 2))
-                * outside * present[..., None, None]).max(axis=1)
+        ring = (
+            np.exp(-(((dist - 1.6 * rad[..., None, None]) / (0.5 * rad[..., None, None] + px)) ** 2))
+            * outside
+            * present[..., None, None]
+        ).max(axis=1)
         _blend(img, sel, 0.8 * alpha * ring, (0.80, 0.15, 0.12))
 
     # --- lumen darkness and wall illumination
@@ -402,13 +405,20 @@ def render_frames(
         p = present[..., None, None]
         rim = (np.exp(-(((dist - rr) / (0.12 * rr + px)) ** 2)) * p).max(axis=1)
         inside = (_soft_disc(dist, rr, px) * p).max(axis=1)
-        glint = (np.exp(-(((xx - scx[..., None, None] + 0.4 * rr) ** 2 + (yy - scy[..., None, None] + 0.4 * rr) ** 2)
-                          / (0.03 * rr**2 + px**2))) * p).max(axis=1)
+        glint = (
+            np.exp(
+                -(
+                    ((xx - scx[..., None, None] + 0.4 * rr) ** 2 + (yy - scy[..., None, None] + 0.4 * rr) ** 2)
+                    / (0.03 * rr**2 + px**2)
+                )
+            )
+            * p
+        ).max(axis=1)
         _blend(img, sel, 0.12 * inside + 0.55 * rim + 0.8 * glint, (0.97, 0.97, 0.95))
 
     # --- camera: gain, colour cast, blur, noise, field of view
     cast, round_fov = CAPSULES.get(capsule, ((1.0, 1.0, 1.0), False)) if capsule else ((1.0, 1.0, 1.0), False)
-    img *= (nz.gain[frames][:, None, None, None] * np.asarray(cast, np.float32))
+    img *= nz.gain[frames][:, None, None, None] * np.asarray(cast, np.float32)
     for radius in (1, 2):
         sel = np.flatnonzero(nz.blur[frames] == radius)
         if sel.size:

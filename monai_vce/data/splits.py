@@ -273,4 +273,3 @@ def kfold_videos(
     group = repair_video_groups(presence, group, seed=seed)
     val_ids = {ids[i] for i in np.flatnonzero(group == fold)}
     return _subset(datalist, set(ids) - val_ids), _subset(datalist, val_ids)
-

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import shutil
 import sys
@@ -59,8 +58,8 @@ EVENTS_ENV = "MONAI_VCE_GALAR_EVENTS"
 EXTRA_COLUMNS: tuple[str, ...] = ("bubbles", "dirt")
 # column order of the written CSVs: not the LABELS order, with the extra labels in between, so readers
 # must match columns by name
-_CSV_LABELS: tuple[str, ...] = SECTIONS + ("z-line", "pylorus", "ileocecal valve", "bubbles", "dirt") + tuple(
-    sorted(PATHOLOGY, reverse=True)
+_CSV_LABELS: tuple[str, ...] = (
+    SECTIONS + ("z-line", "pylorus", "ileocecal valve", "bubbles", "dirt") + tuple(sorted(PATHOLOGY, reverse=True))
 )
 _MARKER = ".mini_galar"
 _N_SEC = len(SECTIONS)

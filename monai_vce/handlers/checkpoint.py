@@ -29,7 +29,9 @@ from monai.utils import IgniteInfo, min_version, optional_import
 from monai_vce.utils import atomic_write_bytes
 
 idist, _ = optional_import("ignite", IgniteInfo.OPT_IMPORT_VERSION, min_version, "distributed")
-BaseSaveHandler, _ = optional_import("ignite.handlers.checkpoint", IgniteInfo.OPT_IMPORT_VERSION, min_version, "BaseSaveHandler")
+BaseSaveHandler, _ = optional_import(
+    "ignite.handlers.checkpoint", IgniteInfo.OPT_IMPORT_VERSION, min_version, "BaseSaveHandler"
+)
 DiskSaver, _ = optional_import("ignite.handlers", IgniteInfo.OPT_IMPORT_VERSION, min_version, "DiskSaver")
 
 __all__ = ["AtomicDiskSaver", "AtomicCheckpointSaver", "VCECheckpointLoader", "BestMetricState"]

@@ -153,7 +153,9 @@ class DecoderTuningHandler:
         self.params = params
         fit = params.data.get("fit", {}) if isinstance(getattr(params, "data", None), dict) else {}
         score = f", tuned mAP@0.5 {fit['mAP@0.5']:.4f}" if isinstance(fit.get("mAP@0.5"), (int, float)) else ""
-        self.logger.info(f"decoder tuned on {len(videos)} validation videos{score}, parameters saved: {self.params_file}")
+        self.logger.info(
+            f"decoder tuned on {len(videos)} validation videos{score}, parameters saved: {self.params_file}"
+        )
         return params
 
     def attach(self, engine: Engine) -> None:

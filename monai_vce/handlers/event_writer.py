@@ -61,7 +61,7 @@ class VideoArrays:
         labels: ``(T, 17)`` float32 targets, or ``None`` when the frames had none.
     """
 
-    __slots__ = ("video_id", "probs", "frame_index", "frame_number", "labels")
+    __slots__ = ("frame_index", "frame_number", "labels", "probs", "video_id")
 
     def __init__(
         self,
@@ -256,7 +256,9 @@ class VideoFrameCollector:
             )
         self.completed.append(vid)
         self.on_video(
-            VideoArrays(vid, np.ascontiguousarray(probs, np.float32), index.astype(np.int64), number.astype(np.int64), labels)
+            VideoArrays(
+                vid, np.ascontiguousarray(probs, np.float32), index.astype(np.int64), number.astype(np.int64), labels
+            )
         )
 
     def attach(self, engine: Engine) -> None:
@@ -508,4 +510,3 @@ class TemporalEventWriter:
         self.collector.attach(engine)
         if not engine.has_event_handler(self._completed, Events.COMPLETED):
             engine.add_event_handler(Events.COMPLETED, self._completed)
-

@@ -53,7 +53,10 @@ class MultiLabelAveragePrecision(Metric):
     """
 
     def __init__(
-        self, output_transform: Callable | None = None, labels: tuple[str, ...] = LABELS, device: str | torch.device = "cpu"
+        self,
+        output_transform: Callable | None = None,
+        labels: tuple[str, ...] = LABELS,
+        device: str | torch.device = "cpu",
     ) -> None:
         from monai.handlers.utils import from_engine
 
@@ -68,9 +71,15 @@ class MultiLabelAveragePrecision(Metric):
     def update(self, output: Any) -> None:
         """Add one batch ``(probs, targets)``."""
         probs, targets = output
-        to_np = lambda x: (  # noqa: E731
-            torch.stack([torch.as_tensor(i) for i in x]) if isinstance(x, (list, tuple)) else torch.as_tensor(x)
-        ).detach().float().cpu().numpy()
+        to_np = lambda x: (
+            (
+                torch.stack([torch.as_tensor(i) for i in x]) if isinstance(x, (list, tuple)) else torch.as_tensor(x)
+            )
+            .detach()
+            .float()
+            .cpu()
+            .numpy()
+        )
         p, t = to_np(probs), to_np(targets)
         self._probs.append(p.reshape(p.shape[0], -1))
         self._targets.append(t.reshape(t.shape[0], -1))

@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import ignite.distributed as idist
+import numpy as np
 import torch
 from ignite.engine import Engine, Events
 from monai.handlers import from_engine

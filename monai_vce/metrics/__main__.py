@@ -30,7 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--gt", required=True, help="ground-truth event JSON file")
     p.add_argument("--pred", required=True, help="prediction event JSON file")
-    p.add_argument("--thresholds", type=float, nargs="+", default=[0.5, 0.95], help="tIoU thresholds (default 0.5 0.95)")
+    p.add_argument(
+        "--thresholds", type=float, nargs="+", default=[0.5, 0.95], help="tIoU thresholds (default 0.5 0.95)"
+    )
     p.add_argument("--out", default=None, help="also write the result JSON to this file (atomically)")
     p.add_argument(
         "--allow-missing-videos",
@@ -38,7 +40,9 @@ def _parser() -> argparse.ArgumentParser:
         help="score ground-truth videos missing from the prediction as empty and ignore extra predicted videos",
     )
     p.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES, help="largest accepted file size in bytes")
-    p.add_argument("--max-events", type=int, default=DEFAULT_MAX_EVENTS, help="largest accepted number of events per file")
+    p.add_argument(
+        "--max-events", type=int, default=DEFAULT_MAX_EVENTS, help="largest accepted number of events per file"
+    )
     p.add_argument("--indent", type=int, default=2, help="JSON indentation of the printed result (-1: compact)")
     return p
 
@@ -56,7 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not problems:
         gt, pred = objs["ground truth"], objs["prediction"]
         problems += [f"{args.gt}: {p}" for p in validate_events(gt, max_events=args.max_events)]
-        pred_problems = validate_events(pred, gt=None if args.allow_missing_videos or problems else gt, max_events=args.max_events)
+        pred_problems = validate_events(
+            pred, gt=None if args.allow_missing_videos or problems else gt, max_events=args.max_events
+        )
         problems += [f"{args.pred}: {p}" for p in pred_problems]
     if not problems:
         try:

@@ -61,7 +61,11 @@ def _check_thresholds(thresholds: float | Sequence[float]) -> tuple[float, ...]:
         thresholds = (thresholds,)
     out: list[float] = []
     for t in thresholds:
-        if isinstance(t, bool) or not isinstance(t, (int, float, np.floating, np.integer)) or not 0.0 <= float(t) <= 1.0:
+        if (
+            isinstance(t, bool)
+            or not isinstance(t, (int, float, np.floating, np.integer))
+            or not 0.0 <= float(t) <= 1.0
+        ):
             raise ValueError(f"tIoU thresholds must be numbers in [0, 1], got {t!r}")
         if float(t) not in out:
             out.append(float(t))
@@ -165,7 +169,9 @@ def _greedy_tp(rows: np.ndarray, cols: np.ndarray, n_pred: int, n_gt: int) -> np
     return tp
 
 
-def average_precision(gt: np.ndarray, pred: np.ndarray, thresholds: float | Sequence[float] = (0.5, 0.95)) -> np.ndarray:
+def average_precision(
+    gt: np.ndarray, pred: np.ndarray, thresholds: float | Sequence[float] = (0.5, 0.95)
+) -> np.ndarray:
     """Challenge AP of one (video, label): segments in listed order, greedy first match.
 
     Args:
@@ -223,7 +229,9 @@ def _segments_by_label(events: Sequence[Mapping[str, Any]], index: Mapping[str, 
             if i is not None:
                 starts[i].append(s)
                 ends[i].append(t)
-    return [np.stack([np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)], axis=1) for a, b in zip(starts, ends)]
+    return [
+        np.stack([np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)], axis=1) for a, b in zip(starts, ends)
+    ]
 
 
 def video_average_precision(
@@ -268,7 +276,12 @@ def _videos(obj: EventJSON) -> dict[str, list[Mapping[str, Any]]]:
 
 
 def _assemble(
-    vids: list[str], aps: list[np.ndarray], ths: tuple[float, ...], labels: tuple[str, ...], extra: list[str], missing: list[str]
+    vids: list[str],
+    aps: list[np.ndarray],
+    ths: tuple[float, ...],
+    labels: tuple[str, ...],
+    extra: list[str],
+    missing: list[str],
 ) -> dict[str, Any]:
     keys = [threshold_key(t) for t in ths]
     stack = np.stack(aps) if aps else np.zeros((0, len(labels), len(ths)))  # (V, L, K)

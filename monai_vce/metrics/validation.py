@@ -281,9 +281,13 @@ def load_events(
         raise ValueError(f"event file {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except RecursionError:
         # hostile input such as "[[[[...": the parser recurses once per level; refuse instead of a deep traceback
-        raise ValueError(f"event file {path} is nested too deeply to be an event JSON (the format has 4 levels)") from None
+        raise ValueError(
+            f"event file {path} is nested too deeply to be an event JSON (the format has 4 levels)"
+        ) from None
     if max_events is not None and isinstance(obj, Mapping) and isinstance(obj.get("videos"), list):
-        total = sum(len(v["events"]) for v in obj["videos"] if isinstance(v, Mapping) and isinstance(v.get("events"), list))
+        total = sum(
+            len(v["events"]) for v in obj["videos"] if isinstance(v, Mapping) and isinstance(v.get("events"), list)
+        )
         if total > max_events:
             raise ValueError(
                 f"event file {path} has {total} events, more than the limit of {max_events} (raise max_events to read it)"
@@ -330,8 +334,10 @@ def to_challenge_format(obj: Mapping[str, Any] | Iterable[Mapping[str, Any]]) ->
         for v in obj["videos"]:
             if isinstance(v, Mapping) and isinstance(v.get("events"), Sequence):
                 vid = v.get("video_id")
-                v = {"video_id": str(vid) if isinstance(vid, (np.str_, np.integer)) else vid,
-                     "events": [_plain_event(e) for e in v["events"]]}
+                v = {
+                    "video_id": str(vid) if isinstance(vid, (np.str_, np.integer)) else vid,
+                    "events": [_plain_event(e) for e in v["events"]],
+                }
             videos.append(v)
         return {"videos": videos}
     return [_plain_event(e) for e in obj]

@@ -145,7 +145,9 @@ def vit_vce_tiny_patch16_64(pretrained: bool = False, **kwargs: Any) -> nn.Modul
         "num_classes": 0,
     }
     model_args = {"img_size": 64, "patch_size": 16, "embed_dim": 64, "depth": 2, "num_heads": 4, **kwargs}
-    return build_model_with_cfg(VisionTransformer, TINY_TIMM_MODEL_NAME, False, pretrained_cfg=pretrained_cfg, **model_args)
+    return build_model_with_cfg(
+        VisionTransformer, TINY_TIMM_MODEL_NAME, False, pretrained_cfg=pretrained_cfg, **model_args
+    )
 
 
 def _register() -> None:
@@ -232,13 +234,15 @@ def _hub_download(spec: str, model_id: str, filenames: tuple[str, ...]) -> Path:
     try:
         from huggingface_hub import hf_hub_download
     except ImportError as err:  # pragma: no cover - open_clip depends on huggingface_hub
-        raise BackboneUnavailableError(f"cannot load {spec!r}: huggingface_hub is not installed. {_offline_alternatives()}") from err
+        raise BackboneUnavailableError(
+            f"cannot load {spec!r}: huggingface_hub is not installed. {_offline_alternatives()}"
+        ) from err
     offline = _hub_offline()
     errors = []
     for name in filenames:
         try:
             return Path(hf_hub_download(repo_id=model_id, filename=name, local_files_only=offline))
-        except Exception as err:  # noqa: BLE001 - every hub failure (offline, no network, missing file) ends here
+        except Exception as err:
             errors.append(f"{name}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
     where = "HF_HUB_OFFLINE is set and the files are not in the local cache" if offline else "the download failed"
     raise BackboneUnavailableError(
@@ -327,7 +331,9 @@ def resolve_backbone(backbone: str, model_name: str | None = None, pretrained: b
     if path.is_file():
         if model_name:
             if str(model_name).startswith("local-dir:"):
-                cfg = _read_config_file(Path(str(model_name)[len("local-dir:") :]).expanduser() / "open_clip_config.json")
+                cfg = _read_config_file(
+                    Path(str(model_name)[len("local-dir:") :]).expanduser() / "open_clip_config.json"
+                )
             else:
                 cfg = _named_config(str(model_name))
                 if cfg is None:
@@ -361,7 +367,7 @@ def resolve_backbone(backbone: str, model_name: str | None = None, pretrained: b
 def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     try:
         state = open_clip.factory.load_state_dict(str(path), device="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - corrupt, truncated or non-weight files
+    except Exception as err:
         raise ValueError(f"cannot read checkpoint {path}: {type(err).__name__}: {err}") from err
     if not isinstance(state, dict) or not state:
         raise ValueError(f"checkpoint {path} holds no state dict")
@@ -393,7 +399,9 @@ def load_visual_weights(visual: nn.Module, checkpoint: str | os.PathLike, state:
         tower = dict(state)
     if not tower:
         sample = ", ".join(list(state)[:5])
-        raise ValueError(f"checkpoint {path} has no image-tower weights ('visual.*' keys); its keys start with: {sample}")
+        raise ValueError(
+            f"checkpoint {path} has no image-tower weights ('visual.*' keys); its keys start with: {sample}"
+        )
     missing = sorted(set(expected) - set(tower))
     unexpected = sorted(set(tower) - set(expected))
     mis_shaped = sorted(
@@ -443,7 +451,9 @@ def build_image_tower(
         vision_cfg["timm_model_pretrained"] = False  # never fetch ImageNet weights behind the user's back
         if drop_path is not None:
             vision_cfg["timm_drop_path"] = drop_path
-    visual = _build_vision_tower(int(model_cfg["embed_dim"]), vision_cfg, quick_gelu=bool(model_cfg.get("quick_gelu", False)))
+    visual = _build_vision_tower(
+        int(model_cfg["embed_dim"]), vision_cfg, quick_gelu=bool(model_cfg.get("quick_gelu", False))
+    )
     logit_scale = None
     if source.checkpoint is not None:
         logit_scale = load_visual_weights(visual, source.checkpoint)

@@ -15,7 +15,13 @@ import torch.nn as nn
 from monai_vce.labels import LABELS, NUM_LABELS
 
 from .backbone import BIOMEDCLIP_HUB_ID, build_image_tower
-from .diff_attention import CONVERSION_MODES, DifferentialAttention, LambdaInit, convert_to_diff_attention, find_vit_blocks
+from .diff_attention import (
+    CONVERSION_MODES,
+    DifferentialAttention,
+    LambdaInit,
+    convert_to_diff_attention,
+    find_vit_blocks,
+)
 from .heads import DEFAULT_LOGIT_SCALE, SEGatedClassifierHead, TextContrastiveHead
 
 __all__ = ["DiffAttnCLIPClassifier", "FUSION_MODES"]
@@ -116,7 +122,9 @@ class DiffAttnCLIPClassifier(nn.Module):
             raise ValueError(f"conversion_mode must be one of {CONVERSION_MODES}, got {conversion_mode!r}")
         if fusion not in FUSION_MODES:
             raise ValueError(f"fusion must be one of {FUSION_MODES}, got {fusion!r}")
-        tower = build_image_tower(backbone, model_name=model_name, pretrained=pretrained, image_size=image_size, drop_path=drop_path)
+        tower = build_image_tower(
+            backbone, model_name=model_name, pretrained=pretrained, image_size=image_size, drop_path=drop_path
+        )
         self.visual = tower.visual
         self.embed_dim = tower.embed_dim
         self.image_size = tower.image_size
@@ -138,7 +146,9 @@ class DiffAttnCLIPClassifier(nn.Module):
             )
         self.conversion_mode = conversion_mode if attention == "diff" else None
 
-        self.classifier_head = SEGatedClassifierHead(self.embed_dim, self.num_classes, reduction=se_reduction, dropout=dropout)
+        self.classifier_head = SEGatedClassifierHead(
+            self.embed_dim, self.num_classes, reduction=se_reduction, dropout=dropout
+        )
         self.contrastive_head: TextContrastiveHead | None = None
         if contrastive and text_embeddings is None:
             warnings.warn(
@@ -176,7 +186,9 @@ class DiffAttnCLIPClassifier(nn.Module):
                 )
             return text_embeddings
         labels = LABELS if self.num_classes == NUM_LABELS else None
-        return load_text_embeddings(text_embeddings, labels=labels, num_classes=self.num_classes, embed_dim=self.embed_dim)
+        return load_text_embeddings(
+            text_embeddings, labels=labels, num_classes=self.num_classes, embed_dim=self.embed_dim
+        )
 
     def _new_parameter_names(self) -> set[str]:
         """Names of the parameters the differential-attention conversion added (lambda vectors, sub-norms)."""
@@ -259,7 +271,12 @@ class DiffAttnCLIPClassifier(nn.Module):
             wd = 0.0 if no_decay else weight_decay
             key = (tag, group_lr, wd)
             if key not in groups:
-                groups[key] = {"params": [], "lr": group_lr, "weight_decay": wd, "name": f"{tag}{'_no_decay' if no_decay else ''}"}
+                groups[key] = {
+                    "params": [],
+                    "lr": group_lr,
+                    "weight_decay": wd,
+                    "name": f"{tag}{'_no_decay' if no_decay else ''}",
+                }
             groups[key]["params"].append(param)
         return list(groups.values())
 

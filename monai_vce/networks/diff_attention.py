@@ -55,7 +55,6 @@ makes two calls with a value wider than the query, which on CPU run PyTorch's un
 :meth:`DifferentialAttention.attention_maps` for inspection.
 """
 
-
 import math
 from collections.abc import Callable, Sequence
 
@@ -108,7 +107,9 @@ def resolve_lambda_init(schedule: LambdaInit, depth: int) -> float:
         elif schedule == "constant":
             value = 0.8
         else:
-            raise ValueError(f"unknown lambda_init schedule {schedule!r}; use 'depth', 'constant', a number or a callable")
+            raise ValueError(
+                f"unknown lambda_init schedule {schedule!r}; use 'depth', 'constant', a number or a callable"
+            )
     else:
         value = float(schedule)
     if not 0.0 <= value < 1.0:
@@ -350,7 +351,11 @@ class DifferentialAttention(DiffAttention):
         """Softmax maps (B, 2 * num_heads, N, N) of the single heads, before dropout."""
         B, H, N, d = q.shape
         scores = torch.baddbmm(
-            q.new_empty(1, 1, 1), q.reshape(B * H, N, d), k.reshape(B * H, N, d).transpose(1, 2), beta=0.0, alpha=self.scale
+            q.new_empty(1, 1, 1),
+            q.reshape(B * H, N, d),
+            k.reshape(B * H, N, d).transpose(1, 2),
+            beta=0.0,
+            alpha=self.scale,
         ).view(B, H, N, N)
         scores = maybe_add_mask(scores, resolve_self_attn_mask(N, scores, attn_mask, is_causal))
         return scores.softmax(dim=-1)
@@ -376,9 +381,7 @@ class DifferentialAttention(DiffAttention):
         maps = self._softmax_maps(q, k, attn_mask, is_causal)
         return maps.view(B, self.num_heads, 2, N, N), self._compute_lambda()
 
-    def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         B, N, C = x.shape
         h, d = self.num_heads, self.head_dim
         q, k, _, v_pair = self._qkv(x)
@@ -391,7 +394,10 @@ class DifferentialAttention(DiffAttention):
             else:
                 # single head 2j: (A1 - lam A2) v_2j; single head 2j+1: (A2 - lam A1) v_2j+1
                 x = torch.cat(
-                    (torch.addcmul(o1[..., :d], o2[..., :d], neg_lam), torch.addcmul(o2[..., d:], o1[..., d:], neg_lam)),
+                    (
+                        torch.addcmul(o1[..., :d], o2[..., :d], neg_lam),
+                        torch.addcmul(o2[..., d:], o1[..., d:], neg_lam),
+                    ),
                     dim=-1,
                 )
         else:
@@ -402,7 +408,10 @@ class DifferentialAttention(DiffAttention):
                 x = torch.addcmul(a1, a2, neg_lam) @ v_pair
             else:
                 x = torch.cat(
-                    (torch.addcmul(a1, a2, neg_lam) @ v_pair[..., :d], torch.addcmul(a2, a1, neg_lam) @ v_pair[..., d:]),
+                    (
+                        torch.addcmul(a1, a2, neg_lam) @ v_pair[..., :d],
+                        torch.addcmul(a2, a1, neg_lam) @ v_pair[..., d:],
+                    ),
                     dim=-1,
                 )
         # x: (B, h, N, 2d), the channels of single heads 2j and 2j+1 side by side

@@ -31,7 +31,9 @@ class SEGatedClassifierHead(nn.Module):
         dropout: dropout probability before the linear layer.
     """
 
-    def __init__(self, in_features: int, num_classes: int = NUM_LABELS, reduction: int = 4, dropout: float = 0.0) -> None:
+    def __init__(
+        self, in_features: int, num_classes: int = NUM_LABELS, reduction: int = 4, dropout: float = 0.0
+    ) -> None:
         super().__init__()
         self.gate = ChannelSELayer(spatial_dims=1, in_channels=in_features, r=reduction)
         self.dropout = nn.Dropout(dropout)
@@ -54,11 +56,16 @@ class TextContrastiveHead(nn.Module):
     """
 
     def __init__(
-        self, text_embeddings: torch.Tensor, logit_scale_init: float = DEFAULT_LOGIT_SCALE, max_logit_scale: float = 100.0
+        self,
+        text_embeddings: torch.Tensor,
+        logit_scale_init: float = DEFAULT_LOGIT_SCALE,
+        max_logit_scale: float = 100.0,
     ) -> None:
         super().__init__()
         if text_embeddings.ndim != 2:
-            raise ValueError(f"text_embeddings must be (num_classes, embed_dim), got shape {tuple(text_embeddings.shape)}")
+            raise ValueError(
+                f"text_embeddings must be (num_classes, embed_dim), got shape {tuple(text_embeddings.shape)}"
+            )
         self.register_buffer("text_embeddings", F.normalize(text_embeddings.detach().float(), dim=-1), persistent=False)
         self.logit_scale = nn.Parameter(torch.tensor(float(logit_scale_init)))
         self.max_logit_scale = float(max_logit_scale)

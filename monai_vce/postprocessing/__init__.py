@@ -5,16 +5,32 @@ from __future__ import annotations
 # event composition and event JSON I/O
 from monai_vce.metrics.validation import check_events, load_events, save_events, validate_events
 
-from .events import COMPOSITIONS, event_json, events_to_frames, frames_to_events, to_challenge_format
-
 # decoding: the paper's chain, presence gating, anatomy decoding, the decoder and its tuning
-from .anatomy import LEAD_IN, decode_sections, landmark_windows, section_gate, section_log_emissions, transition_scores, viterbi_sections
-from .chain import PAPER_ORDER, PAPER_PARAMS, apply_chain, fill_gaps, median_mask, median_probs, remove_short_runs, threshold_mask
+from .anatomy import (
+    LEAD_IN,
+    decode_sections,
+    landmark_windows,
+    section_gate,
+    section_log_emissions,
+    transition_scores,
+    viterbi_sections,
+)
+from .chain import (
+    PAPER_ORDER,
+    PAPER_PARAMS,
+    apply_chain,
+    fill_gaps,
+    median_mask,
+    median_probs,
+    remove_short_runs,
+    threshold_mask,
+)
 from .decoder import DecoderParams, EventDecoder, decode_videos, event_confidence
+from .events import COMPOSITIONS, event_json, events_to_frames, frames_to_events, to_challenge_format
 from .gating import apply_presence_rules, cross_validate_presence, fit_presence_rule, presence_features, video_folds
 from .simulate import NOISE_LEVELS, simulate_probabilities
-from .tuning import DEFAULT_ANATOMY_GRID, tune_decoder
 from .thresholds import f1_at_thresholds, load_thresholds, optimize_thresholds, save_thresholds
+from .tuning import DEFAULT_ANATOMY_GRID, tune_decoder
 
 __all__ = [
     # event composition and event JSON I/O

@@ -121,7 +121,9 @@ def viterbi_sections(
     L = int(chunk) if chunk else max(1, int(np.ceil(np.sqrt(n))))
     C = int(np.ceil(n / L))
     pad = C * L - n
-    e_steps = np.ascontiguousarray(np.concatenate([e[1:], np.zeros((pad, S))], axis=0).reshape(C, L, S).transpose(1, 0, 2))
+    e_steps = np.ascontiguousarray(
+        np.concatenate([e[1:], np.zeros((pad, S))], axis=0).reshape(C, L, S).transpose(1, 0, 2)
+    )
 
     # 1) transfer matrix of each chunk: best score from the state before the chunk to its last state;
     #    the max-plus product is unrolled over the S intermediate states (contiguous (C, S, S) operations)

@@ -239,7 +239,9 @@ class DecoderParams:
             self._fail(key, f"must be an object, got {type(p).__name__}")
         for k in p:
             if k not in ("threshold", "median_window", "max_gap", "min_length", "presence"):
-                self._fail(f"{key}.{k}", "unknown key; expected threshold, median_window, max_gap, min_length, presence")
+                self._fail(
+                    f"{key}.{k}", "unknown key; expected threshold, median_window, max_gap, min_length, presence"
+                )
         t = p["threshold"]
         if not _is_number(t) or not 0.0 <= float(t) <= 1.0:
             self._fail(f"{key}.threshold", f"must be a number in [0, 1], got {t!r}")
@@ -251,7 +253,9 @@ class DecoderParams:
                 self._fail(f"{key}.{k}", f"must be an integer >= 0, got {p[k]!r}")
         rule = p["presence"]
         if not isinstance(rule, Mapping) or rule.get("feature") not in PRESENCE_FEATURES:
-            self._fail(f"{key}.presence", f"must be an object with 'feature' in {list(PRESENCE_FEATURES)}, got {rule!r}")
+            self._fail(
+                f"{key}.presence", f"must be an object with 'feature' in {list(PRESENCE_FEATURES)}, got {rule!r}"
+            )
         if rule["feature"] not in ("none", "never"):
             if not _is_number(rule.get("cutoff")) or not math.isfinite(float(rule["cutoff"])):
                 self._fail(f"{key}.presence.cutoff", f"must be a finite number, got {rule.get('cutoff')!r}")
@@ -289,7 +293,10 @@ class DecoderParams:
             if name not in LABELS or name in SECTIONS:
                 self._fail(f"anatomy.pathology_sections.{name}", "must be a non-section label")
             if not isinstance(secs, list) or any(s not in SECTIONS for s in secs):
-                self._fail(f"anatomy.pathology_sections.{name}", f"must be a list of sections from {list(SECTIONS)}, got {secs!r}")
+                self._fail(
+                    f"anatomy.pathology_sections.{name}",
+                    f"must be a list of sections from {list(SECTIONS)}, got {secs!r}",
+                )
 
     # per-label arrays -------------------------------------------------------------------------------
     def per_label(self, key: str) -> np.ndarray:
@@ -356,7 +363,9 @@ def check_probabilities(probs: Any, frame_ids: Any, video_id: str | None = None)
         d = np.diff(frame_ids)
         if np.any(d <= 0):
             t = int(np.flatnonzero(d <= 0)[0]) + 1
-            raise ValueError(f"{where}: frame ids must be strictly increasing; row {t} has {frame_ids[t]} after {frame_ids[t - 1]}")
+            raise ValueError(
+                f"{where}: frame ids must be strictly increasing; row {t} has {frame_ids[t]} after {frame_ids[t - 1]}"
+            )
     return probs, frame_ids
 
 
@@ -455,7 +464,9 @@ class EventDecoder:
         return [events[i] for i in order.tolist()]
 
 
-def event_confidence(events: Sequence[Mapping[str, Any]], frame_ids: np.ndarray, probs: np.ndarray, ranking: str = "mean") -> np.ndarray:
+def event_confidence(
+    events: Sequence[Mapping[str, Any]], frame_ids: np.ndarray, probs: np.ndarray, ranking: str = "mean"
+) -> np.ndarray:
     """Confidence of each event: its labels' mean probabilities over its frames, combined by ``ranking``."""
     n = len(events)
     if n == 0:
@@ -481,7 +492,8 @@ def event_confidence(events: Sequence[Mapping[str, Any]], frame_ids: np.ndarray,
 
 
 def decode_videos(
-    videos: Mapping[str, tuple[np.ndarray, np.ndarray]], decoder: EventDecoder | DecoderParams | Mapping | str | os.PathLike | None = None
+    videos: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    decoder: EventDecoder | DecoderParams | Mapping | str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Decode several videos into one challenge event JSON object.
 

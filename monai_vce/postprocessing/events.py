@@ -39,7 +39,9 @@ def _check_frames(active: np.ndarray, frame_ids: np.ndarray, scores: np.ndarray 
     active = active.astype(bool, copy=False)
     frame_ids = np.asarray(frame_ids)
     if frame_ids.shape != (active.shape[0],):
-        raise ValueError(f"frame_ids must be a ({active.shape[0]},) array, one id per row of active, got shape {frame_ids.shape}")
+        raise ValueError(
+            f"frame_ids must be a ({active.shape[0]},) array, one id per row of active, got shape {frame_ids.shape}"
+        )
     if frame_ids.size and not np.issubdtype(frame_ids.dtype, np.integer):
         raise ValueError(f"frame_ids must be integers, got dtype {frame_ids.dtype}")
     frame_ids = frame_ids.astype(np.int64, copy=False)

@@ -68,7 +68,9 @@ def _moving_mean_max(probs: np.ndarray, window: int) -> np.ndarray:
     return ((csum[w:] - csum[:-w]) / w).max(axis=0)
 
 
-def presence_features(probs: np.ndarray, mask: np.ndarray, rule: Mapping[str, Any], columns: Sequence[int] | None = None) -> np.ndarray:
+def presence_features(
+    probs: np.ndarray, mask: np.ndarray, rule: Mapping[str, Any], columns: Sequence[int] | None = None
+) -> np.ndarray:
     """Compute one rule's feature for some classes of a video.
 
     Args:
@@ -186,7 +188,9 @@ def video_folds(num_videos: int, folds: int = 5, seed: int = 0) -> np.ndarray:
     return out
 
 
-def _rule_present(rule: Mapping[str, Any], feats: Sequence[tuple[Mapping[str, Any], np.ndarray]], idx: np.ndarray) -> np.ndarray:
+def _rule_present(
+    rule: Mapping[str, Any], feats: Sequence[tuple[Mapping[str, Any], np.ndarray]], idx: np.ndarray
+) -> np.ndarray:
     """Presence of videos ``idx`` under a fitted rule, reading its feature from the candidate's features."""
     feature = rule["feature"]
     if feature == "none":

@@ -42,12 +42,36 @@ __all__ = ["NOISE_LEVELS", "CLASS_MARGIN", "CLASS_BIAS", "simulate_probabilities
 
 #: Noise parameter sets, from easy to hard.
 NOISE_LEVELS: dict[str, dict[str, float]] = {
-    "low": {"margin_scale": 1.3, "sigma": 0.8, "rho": 0.9, "flicker": 0.01, "miss_prob": 0.1, "miss_length": 10,
-            "fp_rate": 1.0, "fp_length": 8.0},
-    "medium": {"margin_scale": 1.0, "sigma": 1.2, "rho": 0.9, "flicker": 0.03, "miss_prob": 0.25, "miss_length": 10,
-               "fp_rate": 3.0, "fp_length": 10.0},
-    "high": {"margin_scale": 0.8, "sigma": 1.6, "rho": 0.93, "flicker": 0.06, "miss_prob": 0.4, "miss_length": 15,
-             "fp_rate": 6.0, "fp_length": 12.0},
+    "low": {
+        "margin_scale": 1.3,
+        "sigma": 0.8,
+        "rho": 0.9,
+        "flicker": 0.01,
+        "miss_prob": 0.1,
+        "miss_length": 10,
+        "fp_rate": 1.0,
+        "fp_length": 8.0,
+    },
+    "medium": {
+        "margin_scale": 1.0,
+        "sigma": 1.2,
+        "rho": 0.9,
+        "flicker": 0.03,
+        "miss_prob": 0.25,
+        "miss_length": 10,
+        "fp_rate": 3.0,
+        "fp_length": 10.0,
+    },
+    "high": {
+        "margin_scale": 0.8,
+        "sigma": 1.6,
+        "rho": 0.93,
+        "flicker": 0.06,
+        "miss_prob": 0.4,
+        "miss_length": 15,
+        "fp_rate": 6.0,
+        "fp_length": 12.0,
+    },
 }
 
 #: Separability (logit half-distance) per label at ``margin_scale`` 1.

@@ -294,7 +294,11 @@ class _Tuner:
         lp = self.params["labels"][LABELS[label]]
         for v in self.videos:
             col = self._candidates(v, label, None, ())[:, 0]
-            feats = presence_features(v.probs, col[:, None], lp["presence"], [0]) if lp["presence"]["feature"] == "support" else presence_features(v.probs, None, lp["presence"], [label])
+            feats = (
+                presence_features(v.probs, col[:, None], lp["presence"], [0])
+                if lp["presence"]["feature"] == "support"
+                else presence_features(v.probs, None, lp["presence"], [label])
+            )
             present = lp["presence"]["feature"] == "none" or (
                 lp["presence"]["feature"] != "never" and feats[0] >= lp["presence"]["cutoff"]
             )

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from monai_vce.labels import ANATOMY, LABELS, NUM_LABELS
-from monai_vce.report.timeline import UNITS, GT_COLOR, PRED_COLOR, draw_timeline, figure_to_png, require_matplotlib
+from monai_vce.report.timeline import GT_COLOR, PRED_COLOR, UNITS, draw_timeline, figure_to_png, require_matplotlib
 from monai_vce.utils import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 __all__ = [
@@ -187,8 +187,13 @@ def summary_markdown(
         "",
     ]
 
-    out += ["## Per class", "", "AP of each label averaged over the videos (a video without the label scores 1 "
-            "when nothing predicts it there, else 0).", ""]
+    out += [
+        "## Per class",
+        "",
+        "AP of each label averaged over the videos (a video without the label scores 1 "
+        "when nothing predicts it there, else 0).",
+        "",
+    ]
     ap = per_label_ap(metrics)
     rows = []
     for name in LABELS:
@@ -214,7 +219,9 @@ def summary_markdown(
     out.append(
         "Per video and label: "
         + "; ".join(f"`{c if c != 'TN' else '.'}` {_PRESENCE_MEANING[c]}" for c in PRESENCE_CODES)
-        + ". Columns: " + ", ".join(f"{LABEL_ABBREVIATIONS[n]} = {n}" for n in LABELS) + "."
+        + ". Columns: "
+        + ", ".join(f"{LABEL_ABBREVIATIONS[n]} = {n}" for n in LABELS)
+        + "."
     )
     out.append("")
     rows = [[vid] + [c if c != "TN" else "." for c in presence[vid].values()] for vid in gt_videos]
@@ -257,8 +264,16 @@ def draw_summary(
     fig = Figure(figsize=figsize, dpi=dpi)
     FigureCanvasAgg(fig)
     gs = fig.add_gridspec(
-        2, 2, width_ratios=[1, 2.6], height_ratios=[1, 2.4], wspace=0.04, hspace=0.08,
-        left=0.115, right=0.985, top=0.86, bottom=0.1,
+        2,
+        2,
+        width_ratios=[1, 2.6],
+        height_ratios=[1, 2.4],
+        wspace=0.04,
+        hspace=0.08,
+        left=0.115,
+        right=0.985,
+        top=0.86,
+        bottom=0.1,
     )
     ax_lab = fig.add_subplot(gs[1, 0])
     ax_pres = fig.add_subplot(gs[1, 1], sharey=ax_lab)
@@ -288,8 +303,15 @@ def draw_summary(
     for i in range(NUM_LABELS):
         for value, y in ((a5[i], i - h / 2), (a95[i], i + h / 2)):
             inside = value > 0.85  # near 1 the value is written inside the bar, clear of the label names
-            ax_lab.text(value, y, f" {value:.2f} ", va="center", ha="left" if inside else "right", fontsize=6.5,
-                        color="white" if inside else "#333333")
+            ax_lab.text(
+                value,
+                y,
+                f" {value:.2f} ",
+                va="center",
+                ha="left" if inside else "right",
+                fontsize=6.5,
+                color="white" if inside else "#333333",
+            )
 
     # presence matrix: rows = labels, columns = videos
     codes = np.array([[PRESENCE_CODES.index(presence[v][name]) for v in videos] for name in LABELS]).reshape(
@@ -297,7 +319,12 @@ def draw_summary(
     )
     cmap = ListedColormap([PRESENCE_COLORS[c] for c in PRESENCE_CODES])
     ax_pres.imshow(
-        codes, cmap=cmap, vmin=-0.5, vmax=len(PRESENCE_CODES) - 0.5, aspect="auto", interpolation="nearest",
+        codes,
+        cmap=cmap,
+        vmin=-0.5,
+        vmax=len(PRESENCE_CODES) - 0.5,
+        aspect="auto",
+        interpolation="nearest",
         extent=(-0.5, n - 0.5, NUM_LABELS - 0.5, -0.5),
     )
     if 0 < n <= 40:
@@ -308,8 +335,15 @@ def draw_summary(
             text = code
             if code == "TP" and n <= 12:  # FP and FN score 0 by definition; a TP's AP is the timing
                 text += f"  {float(metrics['per_video'][videos[j]]['AP'][LABELS[i]]['0.5']):.2f}"
-            ax_pres.text(j, i, text, ha="center", va="center", fontsize=7 if n <= 20 else 5,
-                         color="white" if code in ("TP", "FP") else "#333333")
+            ax_pres.text(
+                j,
+                i,
+                text,
+                ha="center",
+                va="center",
+                fontsize=7 if n <= 20 else 5,
+                color="white" if code in ("TP", "FP") else "#333333",
+            )
     ax_pres.set_xticks(np.arange(n), videos, fontsize=8 if n <= 30 else 6, rotation=0 if n <= 20 else 90)
     ax_pres.set_xlabel("video", fontsize=9)
     ax_pres.tick_params(axis="y", labelleft=False, length=0)
@@ -354,20 +388,41 @@ def draw_summary(
     for k, (key, value) in enumerate(lines):
         y = 0.9 - 0.18 * k
         ax_txt.text(0.02, y, key, fontsize=10, ha="left", va="center", transform=ax_txt.transAxes)
-        ax_txt.text(0.8, y, value, fontsize=10, fontweight="bold", ha="right", va="center", family="monospace",
-                    transform=ax_txt.transAxes)
+        ax_txt.text(
+            0.8,
+            y,
+            value,
+            fontsize=10,
+            fontweight="bold",
+            ha="right",
+            va="center",
+            family="monospace",
+            transform=ax_txt.transAxes,
+        )
 
     fig.text(
-        0.01, 0.955,
+        0.01,
+        0.955,
         f"{title}    mAP@0.5 = {float(metrics['mAP@0.5']):.3f}    mAP@0.95 = {float(metrics['mAP@0.95']):.3f}"
         f"    ({n} video{'s' if n != 1 else ''})",
-        fontsize=13, fontweight="bold", ha="left", va="center",
+        fontsize=13,
+        fontweight="bold",
+        ha="left",
+        va="center",
     )
     fig.legend(
-        handles=[Patch(facecolor=PRESENCE_COLORS[c], edgecolor="#bbbbbb", label=f"{c}: {_PRESENCE_MEANING[c]}")
-                 for c in PRESENCE_CODES],
-        loc="center left", bbox_to_anchor=(0.005, 0.91), ncol=4, fontsize=8.5, frameon=False,
-        title="presence decisions (video x label)", title_fontsize=8.5, alignment="left",
+        handles=[
+            Patch(facecolor=PRESENCE_COLORS[c], edgecolor="#bbbbbb", label=f"{c}: {_PRESENCE_MEANING[c]}")
+            for c in PRESENCE_CODES
+        ],
+        loc="center left",
+        bbox_to_anchor=(0.005, 0.91),
+        ncol=4,
+        fontsize=8.5,
+        frameon=False,
+        title="presence decisions (video x label)",
+        title_fontsize=8.5,
+        alignment="left",
     )
     return fig
 

@@ -349,8 +349,13 @@ def draw_timeline(
         handles.append(Line2D([], [], color=PROB_COLOR, alpha=0.6, lw=6, label="frame probability (max-pooled)"))
     handles += [Patch(facecolor=SECTION_COLORS[s], label=s) for s in SECTIONS]
     fig.text(
-        0.925, 0.895, "white line: boundary between two consecutive events of a label", fontsize=7.5,
-        color="#777777", ha="right", va="center",
+        0.925,
+        0.895,
+        "white line: boundary between two consecutive events of a label",
+        fontsize=7.5,
+        color="#777777",
+        ha="right",
+        va="center",
     )
     fig.legend(
         handles=handles,
