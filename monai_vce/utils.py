@@ -8,13 +8,14 @@ any moment leaves either the previous version or the new one, never half of one.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import io
 import json
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_save_npz", "OutputLock"]
 
@@ -46,10 +47,8 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     # the rename itself is durable only once the folder entry is flushed
     try:
@@ -102,6 +101,9 @@ class OutputLock:
     blocks the next one and two runs started together cannot both take it (no read-check-write race on a
     process id). The file is removed on release; a file left behind by a killed run holds no lock.
 
+    Within one process the lock is shared: several workflows of one run (e.g. the demo's) may lock the same
+    folder, and the file is removed when the last of them releases it.
+
     Args:
         folder: the output folder to lock; created when missing.
 
@@ -112,16 +114,18 @@ class OutputLock:
     """
 
     name = ".monai_vce.lock"
+    # lock file path -> [fd, number of OutputLock objects of this process holding it]
+    _held_here: ClassVar[dict[str, list[int]]] = {}
 
     def __init__(self, folder: PathLike) -> None:
         self.folder = Path(folder)
         self.path = self.folder / self.name
-        self._fd: int | None = None
+        self._key: str | None = None
 
     @property
     def held(self) -> bool:
         """Whether this object holds the lock."""
-        return self._fd is not None
+        return self._key is not None
 
     def _holder(self) -> str:
         try:
@@ -134,12 +138,18 @@ class OutputLock:
         """Take the lock or raise ``RuntimeError`` naming the folder and the process holding it."""
         import fcntl
 
-        if self._fd is not None:
+        if self._key is not None:
             return self
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
             raise RuntimeError(f"output folder {self.folder} cannot be created: a file is in its way") from None
+        key = os.path.realpath(self.path)
+        shared = self._held_here.get(key)
+        if shared is not None:
+            shared[1] += 1
+            self._key = key
+            return self
         while True:
             fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
             try:
@@ -161,21 +171,27 @@ class OutputLock:
             os.close(fd)
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
-        self._fd = fd
+        self._held_here[key] = [fd, 1]
+        self._key = key
         # a run that fails after acquiring (MONAI skips `finalize` on an error) still removes its lock file
         atexit.register(self.release)
         return self
 
     def release(self) -> None:
-        """Release the lock (and remove its file) if this object holds it."""
-        if self._fd is None:
+        """Release this object's hold on the lock; the last hold in the process removes the file."""
+        if self._key is None:
             return
-        try:
-            self.path.unlink()  # removed while still locked, so no other run can lock this inode meanwhile
-        except FileNotFoundError:
-            pass
-        os.close(self._fd)
-        self._fd = None
+        key, self._key = self._key, None
+        shared = self._held_here.get(key)
+        if shared is None:
+            return
+        shared[1] -= 1
+        if shared[1] > 0:
+            return
+        del self._held_here[key]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(key)  # removed while still locked, so no other run can lock this inode meanwhile
+        os.close(shared[0])
 
     def __enter__(self) -> OutputLock:
         return self.acquire()
