@@ -12,10 +12,9 @@ import torch
 
 pytest.importorskip("av", reason="video support needs PyAV: pip install 'monai-vce[video]'")
 
-from monai_vce.data import FrameCacheDataset, build_galar_datalist, build_inference_datalist
+from monai_vce.data import FrameCacheDataset, VideoFrameDataset, build_galar_datalist, build_inference_datalist
 from monai_vce.data import video as video_mod
 from monai_vce.data.video import (
-    VideoFrameDataset,
     iter_video_frames,
     probe_video,
     verify_video,

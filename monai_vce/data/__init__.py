@@ -75,7 +75,7 @@ _LAZY = {
     "vce_load_transforms": "transforms",
     "vce_train_transforms": "transforms",
     "vce_val_transforms": "transforms",
-    "VideoFrameDataset": "video",
+    "VideoFrameDataset": "video_dataset",
     "is_video_file": "video",
     "probe_video": "video",
 }

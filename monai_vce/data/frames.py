@@ -153,7 +153,7 @@ def load_vce_frame(
     if os.path.splitext(path)[1].lower() in _VIDEO_EXTENSIONS:
         raise ValueError(
             f"{path} is a video file: its frames are decoded once into a frame cache and served from there "
-            f"(monai_vce.data.video.VideoFrameDataset, or FrameCacheDataset), not loaded one by one"
+            f"(monai_vce.data.VideoFrameDataset, or FrameCacheDataset), not loaded one by one"
         )
     data = _read_bytes(path)
     if not data:

@@ -767,7 +767,7 @@ def build_inference_datalist(
     video file. Duplicate frame numbers keep the first file in sorted name order and are reported by a
     warning. The frames of a video file are its decoded positions: ``frame_number`` (and ``frame_index``) is the
     0-based position and ``image`` the video file; serve them with
-    :class:`monai_vce.data.video.VideoFrameDataset`, which decodes each video once into a frame cache.
+    :class:`monai_vce.data.VideoFrameDataset`, which decodes each video once into a frame cache.
 
     Args:
         frames_dir: frames root or one video folder.

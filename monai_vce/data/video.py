@@ -11,13 +11,13 @@ Why a cache: a compressed video can only be decoded forward from a key frame, so
 order a DataLoader's workers ask for them would decode most of the video once per worker (or per frame). Each
 video is therefore decoded once, sequentially and streamed (a chunk of frames in memory at a time, never the
 whole video), resized, and written into the per-video memory-mapped :class:`~monai_vce.data.FrameCache`; frames
-are then served from there by :class:`VideoFrameDataset` (inference) or
+are then served from there by :class:`~monai_vce.data.video_dataset.VideoFrameDataset` (inference) or
 :class:`~monai_vce.data.FrameCacheDataset` (training), in any order and from any worker. A video's cache entry
 is complete only when every frame is in; a run killed while decoding rebuilds that video next time and reuses
 every finished one, so resumed runs never decode a finished video again.
 
 Decoding uses PyAV (FFmpeg's libraries; ``pip install "monai-vce[video]"``), imported only when a video is
-opened. A corrupt or truncated file raises a one-line ``ValueError`` naming the file and its last good frame.
+opened; this module imports neither torch nor MONAI until frames are decoded. A corrupt or truncated file raises a one-line ``ValueError`` naming the file and its last good frame.
 """
 
 from __future__ import annotations
@@ -25,16 +25,13 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from monai.data import Dataset
-from monai.transforms import apply_transform
 
 if TYPE_CHECKING:
     from monai_vce.data.frame_cache import FrameCache
@@ -54,7 +51,6 @@ __all__ = [
     "video_files",
     "video_entry_complete",
     "ensure_video_entries",
-    "VideoFrameDataset",
 ]
 
 PathLike = str | os.PathLike
@@ -216,6 +212,8 @@ def iter_video_frames(
         ValueError: the file is corrupt or truncated: ``corrupt or truncated video file PATH: ... after frame N
             (the last good frame) ...``, or has fewer frames than ``expected``.
     """
+    import torch
+
     from monai_vce.data.frames import _resize
 
     path = os.fspath(path)
@@ -504,62 +502,3 @@ def ensure_video_entries(
         if need > num:
             raise ValueError(f"datalist asks for frame {need - 1} of video file {path}, which decodes to {num} frames")
     return {vid: path for vid, (path, _) in videos.items()}
-
-
-class VideoFrameDataset(Dataset):
-    """A MONAI ``Dataset`` of frame dicts that serves the frames of video files from the frame cache.
-
-    Items whose ``image`` is a video file get the decoded, resized ``uint8`` frame ``(3, S, S)`` at their
-    ``frame_number`` (the decoded position) from the video's :class:`~monai_vce.data.FrameCache` entry; the
-    other items (frame images) pass through unchanged, for the ``transform`` to decode as usual
-    (:class:`~monai_vce.data.LoadVCEFramed` only resizes a frame that is already decoded). Missing or stale
-    entries are built at construction: each video decoded once, sequentially (:func:`build_video_entries`).
-    A datalist without video files costs nothing beyond one pass over its items.
-
-    Disk use of the cache: ``T * 3 * S * S`` bytes per video (150 KiB per frame at 224 px); put ``cache_dir`` on
-    a scratch disk for long exams, and delete it when the run is over.
-
-    Args:
-        data: datalist of frame dicts (``image``, ``video_id``, ``frame_number``, ...).
-        transform: transforms applied to each item (the usual frame pipeline).
-        cache_dir: cache root folder of the decoded video frames.
-        image_size: side ``S`` of the cached frames (the network's input size avoids a second resize).
-        image_key: key of the frame paths.
-        num_workers: videos decoded at the same time while building.
-        progress: progress bar while building (on a terminal).
-    """
-
-    def __init__(
-        self,
-        data: Sequence[Mapping[Hashable, Any]],
-        transform: Callable | None = None,
-        cache_dir: PathLike = "video_frames",
-        image_size: int = 224,
-        image_key: str = "image",
-        num_workers: int = 0,
-        progress: bool = True,
-    ) -> None:
-        from monai_vce.data.frame_cache import FrameCache
-
-        super().__init__(data=data, transform=transform)
-        self.image_key = image_key
-        self.cache = FrameCache(cache_dir, image_size=image_size)
-        self.videos = ensure_video_entries(self.cache, data, image_key, num_workers=num_workers, progress=progress)
-        self._maps: dict[str, np.ndarray] = {}
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_maps"] = {}  # memory maps are reopened in each worker process
-        return state
-
-    def _transform(self, index: int) -> Any:
-        item = self.data[index]
-        image = item.get(self.image_key)
-        if isinstance(image, (str, os.PathLike)) and is_video_file(image):
-            vid = str(item["video_id"])
-            arr = self._maps.get(vid)
-            if arr is None:
-                arr = self._maps[vid] = self.cache.open(vid)
-            item = dict(item)
-            item[self.image_key] = torch.from_numpy(np.array(arr[int(item["frame_number"])]))
-        return apply_transform(self.transform, item) if self.transform is not None else item
