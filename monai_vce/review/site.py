@@ -419,6 +419,9 @@ def write_review_site(
             probs_file=npz,
             fps=fps,
         )
+        _check_range(exam, exam.events, "predicted", units)
+        if exam.gt_events is not None:
+            _check_range(exam, exam.gt_events, "ground-truth", units)
         data, job, entry = exam_data(exam, units, exams_dir, **params)
         # thumbnails of an earlier site are reused only when they were made from the same frames and settings
         stamp = exams_dir / data["name"] / "source.txt"
@@ -445,6 +448,20 @@ def write_review_site(
     }
     atomic_write_text(out / "index.js", js_data("VCE_INDEX", index))
     return atomic_write_text(out / "index.html", _INDEX_PAGE.format(count=len(entries)))
+
+
+def _check_range(exam: Exam, events: Sequence[Mapping[str, Any]], role: str, units: str) -> None:
+    """Events beyond the exam's frames mean the wrong video or the wrong units: say so rather than draw nothing."""
+    if not events or not len(exam):
+        return
+    ids = exam.ids(units)
+    lo = min(int(e["start"]) for e in events)
+    hi = max(int(e["end"]) for e in events)
+    if lo < int(ids[0]) or hi > int(ids[-1]):
+        raise ValueError(
+            f"video {exam.video_id!r}: the {role} events span {units} {lo} to {hi} but its frames cover {units} "
+            f"{int(ids[0])} to {int(ids[-1])}; the files do not match (wrong video, frames or --units?)"
+        )
 
 
 def _copy_assets(dest: Path) -> None:

@@ -1013,7 +1013,10 @@
       var perPx = span / cols;
       for (k = 0; k < this.L; k++) {
         var base = k * this.T, yb = L.lanes + (k + 1) * LANE_H - 1, h = LANE_H - 3;
-        g.fillStyle = k >= nAnat ? "rgba(196, 78, 82, 0.55)" : "rgba(70, 110, 160, 0.5)";
+        var hue = k >= nAnat ? "196, 78, 82" : "70, 110, 160";
+        g.fillStyle = "rgba(" + hue + ", 0.16)";
+        g.strokeStyle = "rgba(" + hue + ", 0.85)";
+        g.lineWidth = 1;
         g.beginPath(); g.moveTo(LABEL_W, yb);
         if (perPx >= 1) {
           for (var cx = 0; cx < cols; cx++) {
@@ -1031,8 +1034,11 @@
           }
           g.lineTo(Math.min(LABEL_W + PW, this.x(Math.ceil(r1))), yb);
         }
-        g.closePath(); g.fill();
+        g.closePath(); g.fill(); g.stroke();
       }
+      // the lanes' baselines and the 0.5 level, so that the traces read as probabilities
+      g.fillStyle = "rgba(0, 0, 0, 0.07)";
+      for (k = 0; k < this.L; k++) g.fillRect(LABEL_W, L.lanes + k * LANE_H + 1 + (LANE_H - 3) / 2, PW, 1);
     }
 
     // ground truth: a band at the bottom of the lane
@@ -1050,8 +1056,8 @@
 
     // predicted and reviewed events
     var styles = {
-      pending: ["rgba(31, 95, 168, 0.22)", "#1f5fa8"],
-      accepted: ["rgba(34, 139, 84, 0.30)", "#1e7b4a"],
+      pending: ["rgba(31, 95, 168, 0.30)", "#1f5fa8"],
+      accepted: ["rgba(34, 139, 84, 0.38)", "#1e7b4a"],
       rejected: ["rgba(120, 120, 120, 0.12)", "#9a9a9a"]
     };
     this.state.events.forEach(function (ev, i) {
@@ -1061,7 +1067,7 @@
       ev.label.forEach(function (n) {
         var y = L.lanes + self.labelIndex[n] * LANE_H + 2;
         g.fillStyle = st[0]; g.fillRect(a, y, wdt, LANE_H - 8);
-        g.fillStyle = st[1]; g.fillRect(a, y, wdt, 3);
+        g.fillStyle = st[1]; g.fillRect(a, y, wdt, 4);
         if (ev.status === "rejected") {
           g.strokeStyle = st[1]; g.lineWidth = 1; g.setLineDash([3, 2]);
           g.strokeRect(a + 0.5, y + 0.5, wdt - 1, LANE_H - 9); g.setLineDash([]);
