@@ -390,7 +390,7 @@
   ExamPage.prototype.deleteEvent = function () {
     if (this.sel < 0) return;
     var ev = this.state.events[this.sel];
-    if (!ev.added) { this.setStatus("rejected"); return; }
+    if (!ev.added) { if (ev.status !== "rejected") this.setStatus("rejected"); return; }
     this.pushUndo();
     this.state.events.splice(this.sel, 1);
     this.sel = Math.min(this.sel, this.state.events.length - 1);
