@@ -51,6 +51,9 @@ __all__ = [
     "vce_load_transforms",
     "vce_train_transforms",
     "vce_val_transforms",
+    "VideoFrameDataset",
+    "is_video_file",
+    "probe_video",
 ]
 
 # Imported on first use: the torch/MONAI-based modules, so that the reader and the generator stay light
@@ -72,6 +75,9 @@ _LAZY = {
     "vce_load_transforms": "transforms",
     "vce_train_transforms": "transforms",
     "vce_val_transforms": "transforms",
+    "VideoFrameDataset": "video_dataset",
+    "is_video_file": "video",
+    "probe_video": "video",
 }
 
 

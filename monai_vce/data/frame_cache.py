@@ -20,6 +20,11 @@ disk) or ``image_size`` invalidates the entry and it is rebuilt.
 Disk use is ``T * 3 * S * S`` bytes per video: 150 KiB per frame at 224 px, 19.6 GB for a 130,000-frame
 video. Use the cache for the training videos, not for one-pass inference.
 
+Exams stored as video files (datalist items whose ``image`` is the video file, see :mod:`monai_vce.data.video`)
+have entries of the same layout, built by decoding the video once, sequentially; their manifest records the
+video file's path, size and modification time instead of a digest of frame paths, and the cache row of a frame
+is its decoded position (``frame_number``).
+
 Why not MONAI's ``PersistentDataset``: it stores one pickled file per *item* (3.5 M files for Galar), reads
 each with ``torch.load``, and keys entries by a hash of the item dict; a per-video memory map is one file per
 video, read with zero deserialisation and no pickle (cache files carry no code), and its validity is checked
@@ -187,9 +192,15 @@ class FrameCache:
         Returns:
             ``{video_id: array path}`` for every video of ``data``.
         """
+        from monai_vce.data.video import ensure_video_entries
+
+        # exams stored as video files: each decoded once, sequentially (monai_vce.data.video)
+        files = ensure_video_entries(self, data, image_key, num_workers=num_workers, progress=progress)
         videos = group_by_video(data, image_key)
         todo: list[tuple[str, list[str], str]] = []
         for vid, paths in videos.items():
+            if vid in files:
+                continue
             digest = self.digest(paths)
             if not self.is_complete(vid, paths, digest):
                 todo.append((vid, paths, digest))
@@ -290,6 +301,9 @@ class FrameCacheDataset(Dataset):
         if len(data) == 0:
             raise ValueError("FrameCacheDataset: the datalist is empty")
         super().__init__(data=data, transform=transform)
+        from monai_vce.data.video import video_entry_complete, video_files
+
+        files = video_files(data, image_key)  # exams stored as video files: {video_id: (file, frames needed)}
         self.image_key = image_key
         self.cache = FrameCache(cache_dir, image_size=image_size, check_file_sizes=check_file_sizes)
         if build:
@@ -298,7 +312,8 @@ class FrameCacheDataset(Dataset):
             )
         else:
             for vid, paths in group_by_video(data, image_key).items():
-                if not self.cache.is_complete(vid, paths):
+                done = video_entry_complete(self.cache, vid, *files[vid]) if vid in files else None
+                if done is False or (done is None and not self.cache.is_complete(vid, paths)):
                     raise FileNotFoundError(
                         f"frame cache for video {vid!r} in {self.cache.root} is missing, partial or stale; "
                         f"construct FrameCacheDataset with build=True"
@@ -312,6 +327,9 @@ class FrameCacheDataset(Dataset):
         counts = np.bincount(vnum, minlength=len(self._video_ids))
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
         rows[order] = np.arange(len(vnum)) - np.repeat(starts, counts)
+        if files:  # frames of a video file: the cache row is the decoded position
+            idx = np.flatnonzero(np.isin(uniq, list(files))[vnum])
+            rows[idx] = np.fromiter((data[i]["frame_number"] for i in idx), dtype=np.int64, count=len(idx))
         self._vnum, self._rows = vnum, rows
         self._maps: dict[int, np.ndarray] = {}
 

@@ -46,6 +46,9 @@ __all__ = ["load_vce_frame", "LoadVCEFrame", "LoadVCEFramed", "VCEPrepareBatch",
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 JPEG_SIGNATURE = b"\xff\xd8\xff"
 
+# extensions of monai_vce.data.video.VIDEO_EXTENSIONS (not imported: that module imports this one)
+_VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".mpg", ".mpeg", ".wmv", ".ogv")
+
 # PNG IHDR colour types (PNG spec, section 11.2.2)
 _COLOR_TYPES = {0: "grayscale", 2: "rgb", 3: "palette", 4: "grayscale+alpha", 6: "rgba"}
 
@@ -147,6 +150,11 @@ def load_vce_frame(
             the message names the file.
     """
     path = os.fspath(path)
+    if os.path.splitext(path)[1].lower() in _VIDEO_EXTENSIONS:
+        raise ValueError(
+            f"{path} is a video file: its frames are decoded once into a frame cache and served from there "
+            f"(monai_vce.data.VideoFrameDataset, or FrameCacheDataset), not loaded one by one"
+        )
     data = _read_bytes(path)
     if not data:
         raise ValueError(f"empty frame file (0 bytes): {path}")

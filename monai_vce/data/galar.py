@@ -139,8 +139,9 @@ def discover_videos(frames_dir: PathLike) -> dict[str, Path]:
 
     Every sub-folder of ``frames_dir`` is a video folder named by its video id, except folders named like
     ``Galar_Frames_<a>_to_<b>`` which are searched one level down, and hidden folders (``.``/``__``
-    prefix), which are skipped. When ``frames_dir`` itself holds frame images, it is returned as the only
-    video, named after the folder.
+    prefix), which are skipped. A video file (``.mp4``, ``.avi``, ``.mkv``, ...; see
+    :mod:`monai_vce.data.video`) is a video too, its id the file stem. When ``frames_dir`` itself holds frame
+    images, it is returned as the only video, named after the folder; when it is a video file, likewise.
 
     Args:
         frames_dir: the frames root.
@@ -152,7 +153,11 @@ def discover_videos(frames_dir: PathLike) -> dict[str, Path]:
         FileNotFoundError: when ``frames_dir`` is not a folder.
         ValueError: when one video id appears in two container folders.
     """
+    from monai_vce.data.video import is_video_file
+
     root = Path(frames_dir)
+    if root.is_file() and is_video_file(root):
+        return {root.stem: root}
     if not root.is_dir():
         raise FileNotFoundError(f"frames folder not found: {root}")
     if _has_frames(root):
@@ -160,17 +165,21 @@ def discover_videos(frames_dir: PathLike) -> dict[str, Path]:
     found: dict[str, Path] = {}
 
     def add(folder: Path) -> None:
-        vid = folder.name
+        vid = folder.stem if folder.is_file() else folder.name
         if vid in found:
             raise ValueError(f"video {vid!r} found twice under {root}: {found[vid]} and {folder}")
         found[vid] = folder
 
+    def is_video(p: Path) -> bool:
+        # a video folder, or an exam stored as one video file (monai_vce.data.video)
+        return not p.name.startswith((".", "__")) and (p.is_dir() or (is_video_file(p) and p.is_file()))
+
     for child in sorted(root.iterdir(), key=lambda p: natural_key(p.name)):
-        if not child.is_dir() or child.name.startswith((".", "__")):
+        if not is_video(child):
             continue
-        if CONTAINER_DIR_PATTERN.match(child.name):
+        if child.is_dir() and CONTAINER_DIR_PATTERN.match(child.name):
             for sub in sorted(child.iterdir(), key=lambda p: natural_key(p.name)):
-                if sub.is_dir() and not sub.name.startswith((".", "__")):
+                if is_video(sub):
                     add(sub)
         else:
             add(child)
@@ -181,7 +190,8 @@ def list_frames(video_dir: PathLike) -> tuple[np.ndarray, list[str], list[tuple[
     """List the frame images of one video folder in frame order.
 
     Args:
-        video_dir: the folder of one video.
+        video_dir: the folder of one video, or a video file (its frames are the decoded positions ``0..T-1``,
+            each with the video file as path; see :func:`monai_vce.data.video.list_video_frames`).
 
     Returns:
         ``(numbers, paths, duplicates)``: frame numbers (int64, increasing, unique), the matching image
@@ -193,6 +203,12 @@ def list_frames(video_dir: PathLike) -> tuple[np.ndarray, list[str], list[tuple[
         ValueError: when the folder holds no frame image (``frame_<number>.png``).
     """
     folder = Path(video_dir)
+    from monai_vce.data.video import is_video_file
+
+    if is_video_file(folder) and folder.is_file():  # an exam stored as a video file: decoded positions
+        from monai_vce.data.video import list_video_frames
+
+        return list_video_frames(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"video folder not found: {folder}")
     names: list[str] = []
@@ -241,6 +257,13 @@ def verify_frames(paths: Sequence[PathLike], mode: str = "decode") -> None:
     """
     if mode not in ("decode", "header"):
         raise ValueError(f"mode must be 'decode' or 'header', got {mode!r}")
+    from monai_vce.data.video import is_video_file, probe_video, verify_video
+
+    videos = list(dict.fromkeys(os.fspath(p) for p in paths if is_video_file(p)))
+    if videos:  # frames of a video file: the container is checked once ("header") or decoded whole ("decode")
+        for v in videos:
+            (verify_video if mode == "decode" else probe_video)(v)
+        paths = [p for p in paths if not is_video_file(p)]
     from PIL import ImageFile
 
     # a process-wide "load truncated images" switch set elsewhere must not hide truncated frames here
@@ -739,9 +762,12 @@ def build_inference_datalist(
 ) -> list[dict]:
     """Build an unlabeled datalist (no ``label`` key) of every frame image of one or several videos.
 
-    ``frames_dir`` is either a frames root (sub-folders per video, see :func:`discover_videos`) or the
-    folder of a single video (then the video id is the folder name). Duplicate frame numbers keep the first
-    file in sorted name order and are reported by a warning.
+    ``frames_dir`` is either a frames root (sub-folders per video and/or video files, see
+    :func:`discover_videos`), the folder of a single video (then the video id is the folder name) or a single
+    video file. Duplicate frame numbers keep the first file in sorted name order and are reported by a
+    warning. The frames of a video file are its decoded positions: ``frame_number`` (and ``frame_index``) is the
+    0-based position and ``image`` the video file; serve them with
+    :class:`monai_vce.data.VideoFrameDataset`, which decodes each video once into a frame cache.
 
     Args:
         frames_dir: frames root or one video folder.

@@ -2,7 +2,8 @@
 
 ``python -m monai_vce.data.synthetic --out DIR --videos N --frames-per-video M --size S --seed K`` writes::
 
-    DIR/frames/<video_id>/frame_XXXXXX.PNG   (one video uses frame_XXXXXXX.png and an id like ukdd_navi_00001)
+    DIR/frames/<video_id>/frame_XXXXXX.PNG   (one video uses frame_XXXXXXX.png and an id like ukdd_navi_00001;
+                                             with --video-format mp4: DIR/frames/<video_id>.mp4 instead)
     DIR/labels/<video_id>.csv                index, label columns (the 17 plus "bubbles" and "dirt"), frame
     DIR/metadata.csv                         video_id, capsule, source_video, frame_rule
     DIR/ground_truth.json                    challenge event JSON in index units (written last)
@@ -62,6 +63,8 @@ _CSV_LABELS: tuple[str, ...] = (
     SECTIONS + ("z-line", "pylorus", "ileocecal valve", "bubbles", "dirt") + tuple(sorted(PATHOLOGY, reverse=True))
 )
 _MARKER = ".mini_galar"
+#: Video file formats the generator can write (``video_format``).
+_VIDEO_FORMATS: tuple[str, ...] = ("mp4", "avi", "mkv", "webm")
 _N_SEC = len(SECTIONS)
 
 
@@ -335,6 +338,8 @@ def generate_mini_galar(
     use_real_timelines: bool = True,
     naming: str = "mixed",
     min_event_frames: int = 2,
+    video_format: str | None = None,
+    video_fps: int = 5,
 ) -> Path:
     """Generate a mini-Galar dataset in the Galar layout.
 
@@ -351,6 +356,12 @@ def generate_mini_galar(
             ``ukdd_navi_<n>`` with 7-digit lower-case ``frame_XXXXXXX.png``; the others Galar's 6-digit
             ``frame_XXXXXX.PNG``), ``"galar"`` (all 6-digit) or ``"challenge"`` (all 7-digit).
         min_event_frames: shortest length of short sections and events after resampling.
+        video_format: ``None`` (default) writes frame folders; ``"mp4"`` (H.264), ``"avi"`` (Motion-JPEG),
+            ``"mkv"`` (H.264) or ``"webm"`` (VP9) writes each video as one file ``frames/<video_id>.<ext>``
+            instead, as exams leave vendor software (needs PyAV, ``pip install "monai-vce[video]"``; ``size`` must
+            be even). A video file's frame numbers are its decoded positions, so the labels' ``frame`` column
+            equals ``index`` in every video.
+        video_fps: frame rate stored in the video files.
 
     Returns:
         ``out_dir`` as a :class:`~pathlib.Path`.
@@ -361,6 +372,15 @@ def generate_mini_galar(
         raise ValueError(f"naming must be 'mixed', 'galar' or 'challenge', got {naming!r}")
     if size < 8:
         raise ValueError(f"size must be at least 8 pixels, got {size}")
+    if video_format is not None:
+        video_format = video_format.lower().lstrip(".")
+        if video_format not in _VIDEO_FORMATS:
+            raise ValueError(f"video_format must be one of {', '.join(_VIDEO_FORMATS)} or None, got {video_format!r}")
+        if size % 2:
+            raise ValueError(f"video files need an even frame size, got {size}")
+        from monai_vce.data.video import require_av
+
+        require_av()
     from PIL import Image
 
     out = Path(out_dir)
@@ -391,7 +411,10 @@ def generate_mini_galar(
                 labels = builtin_timeline(frames_per_video, rng, min_event_frames)
             capsule = capsule_names[int(rng.integers(len(capsule_names)))]
             index = np.arange(frames_per_video, dtype=np.int64)
-            if v % 2 == 1:
+            if video_format is not None:  # frames of a video file are numbered by decoded position
+                frame = index.copy()
+                rule = "frame = decoded position in the video file"
+            elif v % 2 == 1:
                 offset = int(rng.integers(0, 5))
                 frame = 5 * index + offset
                 rule = f"frame = 5 * index + {offset}"
@@ -399,15 +422,22 @@ def generate_mini_galar(
                 frame = index.copy()
                 rule = "frame = index"
             nuisances = FrameNuisances(frames_per_video, rng)
-            folder = out / "frames" / vid
-            folder.mkdir(parents=True, exist_ok=True)
-            name = "frame_{:07d}.png" if challenge else "frame_{:06d}.PNG"
-            for start, images in iter_render_video(labels, size, rng, capsule, nuisances):
-                for j, im in enumerate(images):
-                    buf = io.BytesIO()
-                    Image.fromarray(im).save(buf, format="PNG", compress_level=1)
-                    # plain writes: frames are many and small; ground_truth.json, written last, marks completion
-                    (folder / name.format(int(frame[start + j]))).write_bytes(buf.getvalue())
+            chunks = iter_render_video(labels, size, rng, capsule, nuisances)
+            if video_format is not None:
+                from monai_vce.data.video import write_video
+
+                (out / "frames").mkdir(parents=True, exist_ok=True)
+                write_video(out / "frames" / f"{vid}.{video_format}", (images for _, images in chunks), fps=video_fps)
+            else:
+                folder = out / "frames" / vid
+                folder.mkdir(parents=True, exist_ok=True)
+                name = "frame_{:07d}.png" if challenge else "frame_{:06d}.PNG"
+                for start, images in chunks:
+                    for j, im in enumerate(images):
+                        buf = io.BytesIO()
+                        Image.fromarray(im).save(buf, format="PNG", compress_level=1)
+                        # plain writes: frames are many and small; ground_truth.json, written last, marks completion
+                        (folder / name.format(int(frame[start + j]))).write_bytes(buf.getvalue())
             extras = {"bubbles": nuisances.bubbles, "dirt": nuisances.dirt}
             atomic_write_text(out / "labels" / f"{vid}.csv", _csv_text(index, frame, labels, extras))
             gt_videos.append({"video_id": vid, "events": _label_set_events(labels.astype(np.float32), index)})
@@ -433,6 +463,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--builtin-timelines", action="store_true", help="do not use real Galar timelines")
     p.add_argument("--naming", default="mixed", choices=("mixed", "galar", "challenge"), help="frame file naming")
     p.add_argument("--min-event-frames", type=int, default=2, help="shortest kept event length (default 2)")
+    p.add_argument(
+        "--video-format",
+        default=None,
+        choices=_VIDEO_FORMATS,
+        help="write each video as one video file frames/<video_id>.<format> instead of a frame folder",
+    )
+    p.add_argument("--video-fps", type=int, default=5, help="frame rate of the video files (default 5)")
     args = p.parse_args(argv)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -447,8 +484,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 use_real_timelines=not args.builtin_timelines,
                 naming=args.naming,
                 min_event_frames=args.min_event_frames,
+                video_format=args.video_format,
+                video_fps=args.video_fps,
             )
-        except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as e:
+        except (ValueError, FileExistsError, FileNotFoundError, RuntimeError, ImportError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
     for w in caught:

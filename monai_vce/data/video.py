@@ -1,0 +1,504 @@
+"""Exams stored as video files (``.mp4``, ``.avi``, ``.mkv``, ...): listing, streamed decoding, frame cache entries.
+
+Many capsule exams leave the vendor's reading software as one video file rather than a folder of PNG frames.
+Such a file is one video of the datalist: its id is the file stem, its frames are the decoded frames in decoding
+order, and a frame's ``frame_number`` (and, without a label CSV, its ``frame_index``) is its 0-based decoded
+position. Datalist items of a video file keep the file as ``image``::
+
+    {"image": "/exams/ukdd_navi_00051.mp4", "video_id": "ukdd_navi_00051", "frame_index": 7, "frame_number": 7, ...}
+
+Why a cache: a compressed video can only be decoded forward from a key frame, so serving single frames in the
+order a DataLoader's workers ask for them would decode most of the video once per worker (or per frame). Each
+video is therefore decoded once, sequentially and streamed (a chunk of frames in memory at a time, never the
+whole video), resized, and written into the per-video memory-mapped :class:`~monai_vce.data.FrameCache`; frames
+are then served from there by :class:`~monai_vce.data.video_dataset.VideoFrameDataset` (inference) or
+:class:`~monai_vce.data.FrameCacheDataset` (training), in any order and from any worker. A video's cache entry
+is complete only when every frame is in; a run killed while decoding rebuilds that video next time and reuses
+every finished one, so resumed runs never decode a finished video again.
+
+Decoding uses PyAV (FFmpeg's libraries; ``pip install "monai-vce[video]"``), imported only when a video is
+opened; this module imports neither torch nor MONAI until frames are decoded. A corrupt or truncated file raises a one-line ``ValueError`` naming the file and its last good frame.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from monai_vce.data.frame_cache import FrameCache
+
+__all__ = [
+    "VIDEO_EXTENSIONS",
+    "VideoInfo",
+    "is_video_file",
+    "require_av",
+    "probe_video",
+    "list_video_frames",
+    "iter_video_frames",
+    "verify_video",
+    "write_video",
+    "video_source",
+    "build_video_entries",
+    "video_files",
+    "video_entry_complete",
+    "ensure_video_entries",
+]
+
+PathLike = str | os.PathLike
+
+#: File extensions read as video files (matched case-insensitively).
+VIDEO_EXTENSIONS: tuple[str, ...] = (
+    ".mp4",
+    ".m4v",
+    ".mov",
+    ".avi",
+    ".mkv",
+    ".webm",
+    ".mpg",
+    ".mpeg",
+    ".wmv",
+    ".ogv",
+)
+_INSTALL_HINT = "pip install 'monai-vce[video]'"
+
+
+def is_video_file(path: PathLike) -> bool:
+    """Whether ``path`` names a video file by its extension (see :data:`VIDEO_EXTENSIONS`); no file access."""
+    return os.path.splitext(os.fspath(path))[1].lower() in VIDEO_EXTENSIONS
+
+
+def require_av() -> Any:
+    """Import PyAV, or raise an ``ImportError`` that says how to install it.
+
+    Returns:
+        The ``av`` module.
+    """
+    try:
+        import av
+    except ImportError:
+        raise ImportError(
+            f"reading exams stored as video files needs PyAV (FFmpeg's libraries): {_INSTALL_HINT}"
+        ) from None
+    return av
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What the container says about a video file.
+
+    Attributes:
+        path: the file.
+        num_frames: number of frames (from the container's frame count, else by counting packets).
+        fps: average frame rate, ``None`` when the container does not give one.
+        width: frame width in pixels.
+        height: frame height in pixels.
+        codec: the decoder's name.
+    """
+
+    path: str
+    num_frames: int
+    fps: float | None
+    width: int
+    height: int
+    codec: str
+
+
+def _open(path: PathLike) -> Any:
+    av = require_av()
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"video file not found: {path}")
+    try:
+        container = av.open(path)
+    except Exception as e:  # FFmpeg's errors all derive from av.FFmpegError, itself an OSError/ValueError mix
+        raise ValueError(f"cannot open video file {path}: {_reason(e)}") from None
+    if not container.streams.video:
+        container.close()
+        raise ValueError(f"video file {path} has no video stream")
+    return container
+
+
+def _reason(e: Exception) -> str:
+    return (str(e).strip() or type(e).__name__).splitlines()[-1]
+
+
+def probe_video(path: PathLike) -> VideoInfo:
+    """Read a video file's frame count, frame rate and size without decoding it.
+
+    The frame count is the container's (``nb_frames``) when it records one, else the number of non-empty
+    packets of the video stream (demuxing only). Decoding checks it: a video that decodes to fewer frames is
+    reported as corrupt or truncated.
+
+    Raises:
+        ImportError: PyAV is not installed.
+        FileNotFoundError: the file does not exist.
+        ValueError: the file cannot be opened as a video, has no video stream or no frame.
+    """
+    with _open(path) as container:
+        stream = container.streams.video[0]
+        rate = stream.average_rate or stream.guessed_rate
+        fps = float(rate) if rate else None
+        n = int(stream.frames or 0)
+        if n <= 0:
+            n = 0
+            try:
+                for packet in container.demux(stream):
+                    n += 1 if packet.size else 0
+            except Exception as e:
+                raise ValueError(
+                    f"corrupt or truncated video file {path}: unreadable after frame {n - 1} (last good frame; "
+                    f"{_reason(e)})"
+                ) from None
+            # containers without a frame count (Matroska, WebM, AVI) still record their duration: a file that
+            # holds clearly fewer frames than its duration says was cut short
+            listed = round(container.duration / 1e6 * fps) if container.duration and fps else 0
+            if n < 0.98 * listed - 2:
+                raise ValueError(
+                    f"corrupt or truncated video file {path}: it holds {n} frames but its duration says about "
+                    f"{listed} (last good frame {n - 1})"
+                )
+        ctx = stream.codec_context
+        info = VideoInfo(os.fspath(path), n, fps, int(ctx.width or 0), int(ctx.height or 0), str(ctx.name))
+    if info.num_frames <= 0:
+        raise ValueError(f"video file {path} contains no frame")
+    return info
+
+
+def list_video_frames(path: PathLike) -> tuple[np.ndarray, list[str], list[tuple[int, list[str]]]]:
+    """The frames of a video file in the form of :func:`monai_vce.data.galar.list_frames`.
+
+    Returns:
+        ``(numbers, paths, duplicates)``: the decoded positions ``0..T-1``, the video file repeated ``T`` times
+        (one datalist ``image`` per frame) and no duplicates.
+    """
+    info = probe_video(path)
+    return np.arange(info.num_frames, dtype=np.int64), [os.fspath(path)] * info.num_frames, []
+
+
+def iter_video_frames(
+    path: PathLike,
+    image_size: int | Sequence[int] | None = None,
+    chunk: int = 64,
+    expected: int | None = None,
+    antialias: bool = True,
+) -> Iterator[tuple[int, np.ndarray]]:
+    """Decode a video file in order, streamed, as chunks of ``uint8`` RGB frames.
+
+    Only one chunk is in memory at a time. Frames are resized like PNG frames
+    (:func:`monai_vce.data.frames.load_vce_frame`: bilinear, antialiased, on the ``uint8`` tensor).
+
+    Args:
+        path: the video file.
+        image_size: output size (int or ``(H, W)``); ``None`` keeps the decoded size.
+        chunk: frames per yielded chunk.
+        expected: the number of frames the video must have; fewer decoded frames raise ``ValueError``
+            (decoding stops at ``expected``, later frames are ignored). ``None``: decode to the end.
+        antialias: antialiased resize.
+
+    Yields:
+        ``(first position, frames)`` with ``frames`` uint8 ``(B, 3, H, W)``.
+
+    Raises:
+        ImportError: PyAV is not installed.
+        ValueError: the file is corrupt or truncated: ``corrupt or truncated video file PATH: ... after frame N
+            (the last good frame) ...``, or has fewer frames than ``expected``.
+    """
+    import torch
+
+    from monai_vce.data.frames import _resize
+
+    path = os.fspath(path)
+    buf: list[np.ndarray] = []
+    start = 0
+    done = 0
+
+    def flush() -> np.ndarray:
+        batch = torch.from_numpy(np.stack(buf)).permute(0, 3, 1, 2)
+        return _resize(batch, image_size, antialias).numpy()
+
+    def last_good() -> str:
+        return f"frame {done - 1}" if done else "no frame"
+
+    with _open(path) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"  # FFmpeg's own frame threads
+        frames = container.decode(stream)
+        while expected is None or done < expected:
+            try:
+                frame = next(frames)
+            except StopIteration:
+                break
+            except Exception as e:
+                raise ValueError(
+                    f"corrupt or truncated video file {path}: decoding failed after {last_good()} "
+                    f"(last good frame; {_reason(e)})"
+                ) from None
+            buf.append(frame.to_ndarray(format="rgb24"))
+            done += 1
+            if len(buf) == chunk:
+                yield start, flush()
+                start, buf = done, []
+    if buf:
+        yield start, flush()
+    if expected is not None and done < expected:
+        raise ValueError(
+            f"corrupt or truncated video file {path}: {done} frames decoded, the container lists {expected} "
+            f"(last good frame: {last_good().removeprefix('frame ')})"
+        )
+
+
+def verify_video(path: PathLike) -> int:
+    """Decode a whole video file (no resize) to check it; returns its number of frames.
+
+    Raises:
+        ValueError: naming the file and the last good frame when it is corrupt or truncated.
+    """
+    info = probe_video(path)
+    for _ in iter_video_frames(path, expected=info.num_frames):
+        pass
+    return info.num_frames
+
+
+def write_video(
+    path: PathLike,
+    frames: Iterator[np.ndarray] | Sequence[np.ndarray],
+    fps: int = 5,
+    codec: str | None = None,
+    quality: int = 12,
+) -> Path:
+    """Encode ``uint8`` RGB frames ``(H, W, 3)`` (or chunks ``(B, H, W, 3)``) into a video file.
+
+    Used by the generated mini-Galar. The codec follows the extension unless given: H.264 (``.mp4``, ``.mov``,
+    ``.mkv``), Motion-JPEG (``.avi``), VP9 (``.webm``); ``codec="ffv1"`` is lossless RGB. Single-threaded encoding
+    with fixed settings, so the same frames give the same file. Frame sides must be even (4:2:0 chroma).
+
+    Args:
+        path: the output file; written to a temporary name and renamed, so it exists only when complete.
+        frames: frames or chunks of frames, in order.
+        fps: frame rate stored in the container.
+        codec: FFmpeg encoder name (``None``: from the extension).
+        quality: constant quality (H.264/VP9 CRF; lower is better), or the MJPEG quantiser scale.
+
+    Returns:
+        ``path``.
+    """
+    av = require_av()
+    path = Path(path)
+    ext = path.suffix.lower()
+    codec = codec or {".avi": "mjpeg", ".webm": "libvpx-vp9"}.get(ext, "libx264")
+    tmp = path.with_name(f".{path.name}.partial{ext}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stream = None
+    try:
+        with av.open(str(tmp), "w") as container:
+            for item in frames:
+                batch = item[None] if item.ndim == 3 else item
+                for arr in batch:
+                    if stream is None:
+                        h, w = arr.shape[:2]
+                        if h % 2 or w % 2:
+                            raise ValueError(f"video frames need even sides, got {w} x {h}: {path}")
+                        stream = container.add_stream(codec, rate=int(fps))
+                        stream.width, stream.height = w, h
+                        if codec == "ffv1":  # lossless, in RGB: an exact round trip
+                            stream.pix_fmt = "bgr0"
+                        elif codec == "mjpeg":
+                            stream.pix_fmt = "yuvj420p"
+                            stream.options = {"q:v": str(quality)}
+                            stream.codec_context.qmin = stream.codec_context.qmax = int(quality)
+                        else:
+                            stream.pix_fmt = "yuv420p"
+                            stream.options = {"crf": str(quality), "threads": "1"}
+                            if codec == "libx264":
+                                stream.options.update({"preset": "veryfast", "tune": "stillimage"})
+                    frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(arr, dtype=np.uint8), format="rgb24")
+                    for packet in stream.encode(frame):
+                        container.mux(packet)
+            if stream is None:
+                raise ValueError(f"no frame to write into {path}")
+            for packet in stream.encode():
+                container.mux(packet)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+# ------------------------------------------------------------------------------------------- frame cache
+def video_source(path: PathLike) -> dict[str, Any]:
+    """What identifies a video file's content in a cache manifest: absolute path, size and modification time."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"video file not found: {p}") from None
+    return {"video": str(p.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _show_progress(progress: bool) -> bool:
+    import sys
+
+    return bool(progress) and sys.stderr.isatty()
+
+
+def build_video_entries(
+    cache: FrameCache,
+    todo: Sequence[tuple[str, str]],
+    num_workers: int = 0,
+    progress: bool = True,
+    chunk: int = 64,
+) -> None:
+    """Decode video files into frame cache entries, each once, sequentially, videos in parallel.
+
+    Each video is streamed into ``.<video_id>.npy.partial`` (a chunk in memory at a time), renamed into place
+    when every frame is in, and its manifest (format version, id, size, frame count and the file's
+    :func:`video_source`) written last, like image entries (see :class:`~monai_vce.data.FrameCache`). A
+    corrupt or truncated video raises ``ValueError`` naming the file and its last good frame; its partial file
+    is removed, entries finished before it stay.
+
+    Args:
+        cache: the frame cache.
+        todo: ``(video_id, video file)`` pairs to build.
+        num_workers: videos decoded at the same time (threads; FFmpeg decodes and the resize runs outside
+            Python's lock); ``0`` or ``1`` decodes one at a time.
+        progress: a frames/s progress bar when ``stderr`` is a terminal.
+        chunk: frames decoded and written per step.
+    """
+    from tqdm.auto import tqdm
+
+    if not todo:
+        return
+    cache.root.mkdir(parents=True, exist_ok=True)
+    infos = [probe_video(path) for _, path in todo]
+    s = cache.image_size
+    bar = tqdm(
+        total=sum(i.num_frames for i in infos),
+        unit="frame",
+        desc="video decode",
+        disable=not _show_progress(progress),
+        dynamic_ncols=True,
+    )
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def one(k: int) -> None:
+        vid, path = todo[k]
+        info = infos[k]
+        cache.manifest_path(vid).unlink(missing_ok=True)  # a stale manifest never vouches for a rebuilt array
+        partial = cache.partial_path(vid)
+        arr = np.lib.format.open_memmap(partial, mode="w+", dtype=np.uint8, shape=(info.num_frames, 3, s, s))
+        try:
+            for first, frames in iter_video_frames(path, s, chunk=chunk, expected=info.num_frames):
+                if stop.is_set():
+                    raise RuntimeError("stopped")
+                arr[first : first + len(frames)] = frames
+                with lock:
+                    bar.update(len(frames))
+            arr.flush()
+            del arr
+            with open(partial, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(partial, cache.array_path(vid))
+            from monai_vce.utils import atomic_write_json
+
+            atomic_write_json(cache.manifest_path(vid), _video_manifest(cache, vid, info.num_frames, path))
+        except BaseException:
+            stop.set()
+            partial.unlink(missing_ok=True)
+            raise
+
+    try:
+        workers = max(1, int(num_workers))
+        if workers == 1 or len(todo) == 1:
+            for k in range(len(todo)):
+                one(k)
+        else:
+            with ThreadPoolExecutor(max_workers=min(workers, len(todo))) as pool:
+                for fut in [pool.submit(one, k) for k in range(len(todo))]:
+                    fut.result()
+    finally:
+        bar.close()
+
+
+def _video_manifest(cache: FrameCache, video_id: str, num_frames: int, path: PathLike) -> dict[str, Any]:
+    from monai_vce.data.frame_cache import CACHE_FORMAT_VERSION
+
+    return {
+        "format_version": CACHE_FORMAT_VERSION,
+        "video_id": video_id,
+        "image_size": cache.image_size,
+        "num_frames": int(num_frames),
+        "source": video_source(path),
+    }
+
+
+def video_entry_complete(cache: FrameCache, video_id: str, path: PathLike, frames_needed: int = 0) -> bool:
+    """Whether the cache entry of a video file is complete, made from the file as it is now, at the cache's size,
+    and holds at least ``frames_needed`` frames."""
+    mpath, apath = cache.manifest_path(video_id), cache.array_path(video_id)
+    if not (mpath.is_file() and apath.is_file()):
+        return False
+    try:
+        manifest = json.loads(mpath.read_text())
+        num = int(manifest["num_frames"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if manifest != _video_manifest(cache, video_id, num, path) or num < frames_needed:
+        return False
+    try:
+        arr = np.load(apath, mmap_mode="r")
+    except (OSError, ValueError):
+        return False
+    return arr.dtype == np.uint8 and arr.shape == (num, 3, cache.image_size, cache.image_size)
+
+
+def video_files(data: Sequence[Mapping[Hashable, Any]], image_key: str) -> dict[str, tuple[str, int]]:
+    """``{video_id: (video file, frames needed)}`` of the datalist items whose image is a video file."""
+    out: dict[str, tuple[str, int]] = {}
+    for i, item in enumerate(data):
+        image = item.get(image_key)
+        if not isinstance(image, (str, os.PathLike)) or not is_video_file(image):
+            continue
+        try:
+            vid, row = str(item["video_id"]), int(item["frame_number"])
+        except KeyError as e:
+            raise ValueError(
+                f"datalist item {i} (video file {image}) has no {e.args[0]!r} field; frames of a video file are "
+                f"served by their decoded position, 'frame_number'"
+            ) from None
+        path, need = out.get(vid, (os.fspath(image), 0))
+        if path != os.fspath(image):
+            raise ValueError(f"video {vid!r} names two video files: {path} and {image}")
+        out[vid] = (path, max(need, row + 1))
+    return out
+
+
+def ensure_video_entries(
+    cache: FrameCache,
+    data: Sequence[Mapping[Hashable, Any]],
+    image_key: str = "image",
+    num_workers: int = 0,
+    progress: bool = True,
+) -> dict[str, str]:
+    """Build the missing or stale cache entries of every video file named in ``data``.
+
+    Returns:
+        ``{video_id: video file}`` of the video files in ``data``.
+    """
+    videos = video_files(data, image_key)
+    todo = [(vid, path) for vid, (path, need) in videos.items() if not video_entry_complete(cache, vid, path, need)]
+    build_video_entries(cache, todo, num_workers=num_workers, progress=progress)
+    for vid, (path, need) in videos.items():
+        num = int(json.loads(cache.manifest_path(vid).read_text())["num_frames"])
+        if need > num:
+            raise ValueError(f"datalist asks for frame {need - 1} of video file {path}, which decodes to {num} frames")
+    return {vid: path for vid, (path, _) in videos.items()}

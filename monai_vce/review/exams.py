@@ -1,0 +1,182 @@
+"""The frames, probabilities and events of each exam of a review site, mapped onto one frame axis.
+
+An exam's frame axis is its *rows*: the frames of the video in frame order, each with a ``frame_index``
+(Galar ``index`` units, the units of the ground truth) and a ``frame_number`` (the number in the image file name,
+or the decoded position in a video file). When the video's probability file ``<probs>/<video_id>.npz`` is
+given, its rows are the axis (the frames that were inferred); otherwise the frames found on disk are, with
+``frame_index`` = ``frame_number`` as in :func:`monai_vce.data.build_inference_datalist`.
+
+Events count frames in one of the two units (``units``). An event maps onto the rows it covers: its first row
+is the first whose id is ``>= start``, its last the last whose id is ``<= end``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from monai_vce.labels import LABELS, NUM_LABELS
+
+__all__ = ["UNITS", "Exam", "frames_by_video", "load_exam", "event_rows", "peak_row"]
+
+PathLike = str | os.PathLike
+
+#: Frame units of event files: ``frame_index`` (Galar ``index``) or ``frame_number`` (file name / decoded position).
+UNITS: tuple[str, ...] = ("index", "frame_number")
+
+
+@dataclass
+class Exam:
+    """One exam of the review site.
+
+    Attributes:
+        video_id: the video id.
+        frame_index: int64 (T,) ``frame_index`` of each row.
+        frame_number: int64 (T,) ``frame_number`` of each row.
+        images: (T,) path of each row's frame image, or ``None`` for a video file.
+        video: the video file, or ``None`` for a frame folder.
+        fps: frames per second of ``frame_number``, ``None`` when unknown.
+        probs: float32 (T, 17) probabilities or ``None``.
+        events: predicted events in confidence order (``start``, ``end``, ``label``).
+        gt_events: ground-truth events or ``None``.
+    """
+
+    video_id: str
+    frame_index: np.ndarray
+    frame_number: np.ndarray
+    images: list[str] | None
+    video: str | None
+    fps: float | None
+    probs: np.ndarray | None = None
+    events: list[dict] = field(default_factory=list)
+    gt_events: list[dict] | None = None
+
+    def __len__(self) -> int:
+        return int(self.frame_index.shape[0])
+
+    def ids(self, units: str) -> np.ndarray:
+        """Row ids in ``units``."""
+        return self.frame_index if units == "index" else self.frame_number
+
+
+def frames_by_video(frames: PathLike | Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Group the frames of a frames folder (or of a frame datalist) by video.
+
+    Args:
+        frames: a frames root (video folders and/or video files, see :func:`monai_vce.data.discover_videos`), or
+            a datalist of frame dicts (``image``, ``video_id``, ``frame_index``, ``frame_number``).
+
+    Returns:
+        ``{video_id: {"images": [...], "frame_index": int64, "frame_number": int64}}``, frames in datalist order.
+    """
+    if isinstance(frames, (str, os.PathLike)):
+        from monai_vce.data.galar import build_inference_datalist
+
+        data: Sequence[Mapping[str, Any]] = build_inference_datalist(frames)
+    else:
+        data = frames
+    grouped: dict[str, tuple[list[str], list[int], list[int]]] = {}
+    for i, d in enumerate(data):
+        try:
+            vid, image, index = str(d["video_id"]), os.fspath(d["image"]), int(d["frame_index"])
+        except KeyError as e:
+            raise ValueError(f"datalist item {i} has no {e.args[0]!r} field") from None
+        g = grouped.setdefault(vid, ([], [], []))
+        g[0].append(image)
+        g[1].append(index)
+        g[2].append(int(d.get("frame_number", index)))
+    return {
+        vid: {"images": g[0], "frame_index": np.asarray(g[1], np.int64), "frame_number": np.asarray(g[2], np.int64)}
+        for vid, g in grouped.items()
+    }
+
+
+def load_exam(
+    video_id: str,
+    frames: Mapping[str, Any],
+    events: Sequence[Mapping[str, Any]],
+    gt_events: Sequence[Mapping[str, Any]] | None = None,
+    probs_file: PathLike | None = None,
+    fps: float | None = None,
+) -> Exam:
+    """Assemble one exam: its rows, their frames, probabilities and events.
+
+    Args:
+        video_id: the video id.
+        frames: one entry of :func:`frames_by_video`.
+        events: predicted events (confidence order).
+        gt_events: ground-truth events or ``None``.
+        probs_file: ``<video_id>.npz`` (see :func:`monai_vce.handlers.event_writer.load_video_probs`) or ``None``.
+        fps: frame rate of frame folders; a video file's own frame rate is used when this is ``None``.
+
+    Raises:
+        ValueError: frames of several video files in one video, or a probability file whose frames are not on
+            disk (naming the file and the first missing frame number).
+    """
+    from monai_vce.data.video import is_video_file
+
+    images = list(frames["images"])
+    index, number = np.asarray(frames["frame_index"]), np.asarray(frames["frame_number"])
+    order = np.argsort(number, kind="stable")
+    images = [images[i] for i in order]
+    index, number = index[order], number[order]
+    video = images[0] if images and is_video_file(images[0]) else None
+    if video is not None:
+        if any(p != video for p in images):
+            raise ValueError(f"video {video_id!r} mixes a video file ({video}) with other frame files")
+        if fps is None:
+            from monai_vce.data.video import probe_video
+
+            fps = probe_video(video).fps
+    probs = None
+    if probs_file is not None:
+        from monai_vce.report.summary import load_probabilities
+
+        probs, p_index = load_probabilities(probs_file, units="index")
+        _, p_number = load_probabilities(probs_file, units="frame_number")
+        pos = np.searchsorted(number, p_number)
+        pos_c = np.minimum(pos, max(len(number) - 1, 0))
+        found = (pos < len(number)) & (number[pos_c] == p_number) if len(number) else np.zeros(len(p_number), bool)
+        if not found.all():
+            bad = int(p_number[np.flatnonzero(~found)[0]])
+            raise ValueError(
+                f"probability file {probs_file}: frame number {bad} of video {video_id!r} has no frame on disk "
+                f"({int((~found).sum())} frame(s) in all); are the frames and the probabilities of the same video?"
+            )
+        o = np.argsort(p_number, kind="stable")
+        probs, index, number = probs[o], p_index[o], p_number[o]
+        images = [images[i] for i in pos_c[o]]
+    return Exam(
+        video_id=video_id,
+        frame_index=index.astype(np.int64),
+        frame_number=number.astype(np.int64),
+        images=None if video is not None else images,
+        video=video,
+        fps=float(fps) if fps else None,
+        probs=None if probs is None else np.ascontiguousarray(probs, np.float32),
+        events=[dict(e) for e in events],
+        gt_events=None if gt_events is None else [dict(e) for e in gt_events],
+    )
+
+
+def event_rows(ids: np.ndarray, events: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """First and last row of each event (``searchsorted`` on the sorted row ids; vectorised).
+
+    Returns:
+        ``(first, last)`` int64 arrays; an event between two rows gets ``first > last``.
+    """
+    starts = np.fromiter((int(e["start"]) for e in events), np.int64, count=len(events))
+    ends = np.fromiter((int(e["end"]) for e in events), np.int64, count=len(events))
+    return np.searchsorted(ids, starts, side="left"), np.searchsorted(ids, ends, side="right") - 1
+
+
+def peak_row(probs: np.ndarray | None, first: int, last: int, labels: Sequence[str]) -> int:
+    """The row of an event where its labels' probability is highest (the middle row without probabilities)."""
+    if probs is None or last < first:
+        return (first + last) // 2
+    cols = [LABELS.index(n) for n in labels if n in LABELS] or list(range(NUM_LABELS))
+    return first + int(np.argmax(probs[first : last + 1, cols].max(axis=1)))

@@ -1,0 +1,63 @@
+"""The review site of a bundle run, written next to its event JSON (inference and evaluation configs)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["write_run_review"]
+
+logger = logging.getLogger(__name__)
+
+
+def write_run_review(
+    review_dir: str | os.PathLike | None,
+    events_file: str | os.PathLike,
+    datalist: Sequence[Mapping[str, Any]],
+    probs_dir: str | os.PathLike | None = None,
+    gt: str | os.PathLike | Mapping[str, Any] | None = None,
+    units: str = "index",
+    fps: float | None = None,
+    **kwargs: Any,
+) -> Path | None:
+    """Write the review site of a run's event JSON (rank 0 only; nothing when ``review_dir`` is ``None``).
+
+    The bundle configs call this after the event JSON is written: ``review_dir`` is ``<output_dir>/review``
+    when their ``review`` flag is on (the evaluation's default) and ``None`` otherwise (inference's default, since
+    a large batch of exams is often not reviewed at once).
+
+    Args:
+        review_dir: the site folder, or ``None`` to write nothing.
+        events_file: the run's event JSON.
+        datalist: the run's frame datalist (every video of the JSON; frame images or video files).
+        probs_dir: the run's per-video probability files.
+        gt: ground-truth event JSON (path or object), e.g. the evaluation's ``ground_truth.json``.
+        units: frame units of the events (the decoder's ``frame_units``).
+        fps: frame rate of frame folders (video files carry their own).
+        kwargs: more :func:`monai_vce.review.write_review_site` arguments.
+
+    Returns:
+        The site's ``index.html``, or ``None`` when nothing was written.
+    """
+    if review_dir is None:
+        return None
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+            return None
+    except ImportError:  # pragma: no cover
+        pass
+    from monai_vce.metrics import load_events
+    from monai_vce.review.site import write_review_site
+
+    pred = load_events(events_file)
+    keep = {str(v["video_id"]) for v in pred["videos"]}
+    data = [d for d in datalist if str(d["video_id"]) in keep]
+    index = write_review_site(pred, data, review_dir, probs_dir=probs_dir, gt=gt, units=units, fps=fps, **kwargs)
+    logger.info(f"review site of {len(pred['videos'])} videos: {index}")
+    print(f"review site: {Path(index).resolve()}", flush=True)
+    return index

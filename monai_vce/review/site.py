@@ -1,0 +1,470 @@
+"""The reader's review site: a static, self-contained set of pages to review, correct and export the events.
+
+Layout written by :func:`write_review_site`::
+
+    REVIEW_DIR/index.html               the exams: frames, events, predicted labels, review progress
+    REVIEW_DIR/index.js                 the index's data
+    REVIEW_DIR/assets/review.{js,css}   the page code and style (plain JavaScript and CSS, no library)
+    REVIEW_DIR/exams/<name>.html        one page per exam
+    REVIEW_DIR/exams/<name>/data.js     its data: rows, probabilities (8 bit), events, frame sources
+    REVIEW_DIR/exams/<name>/thumbs/     JPEG thumbnails (the timeline strip and the events)
+    REVIEW_DIR/exams/<name>/frames/     full-size JPEG frames around the events (exams stored as video files)
+
+``<name>`` is the video id reduced to portable characters plus a hash of the id, so any id (even one made of
+markup) gives a distinct, harmless file name. Every page opens from disk (``file://``): data files are
+scripts, not fetched JSON; nothing is loaded from the network. Video ids and labels reach the pages only as
+JSON data and are inserted as text, never as markup.
+
+The frame viewer of a frame-folder exam shows the original frame files through relative links: keep the
+frames where they are (or move the site and the frames together).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import os
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+
+from monai_vce.labels import ANATOMY, LABELS, PATHOLOGY, SECTIONS
+from monai_vce.review.exams import UNITS, Exam, event_rows, frames_by_video, load_exam, peak_row
+from monai_vce.review.thumbnails import ImageJob, render_jobs
+from monai_vce.utils import atomic_write_text
+
+__all__ = [
+    "SITE_FORMAT_VERSION",
+    "SECTION_COLORS",
+    "exam_file_name",
+    "js_data",
+    "exam_data",
+    "write_review_site",
+]
+
+#: Version of the data the pages read; stored in each exam's data and in the browser's saved review state.
+SITE_FORMAT_VERSION = 1
+#: One colour per anatomical section (the section band), as in the report's timelines.
+SECTION_COLORS: dict[str, str] = {
+    "mouth": "#c77cb0",
+    "esophagus": "#8e6bbf",
+    "stomach": "#e9c046",
+    "small intestine": "#6aab6a",
+    "colon": "#8a6246",
+}
+PathLike = str | os.PathLike
+_ASSETS = Path(__file__).resolve().parent / "assets"
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def exam_file_name(video_id: str) -> str:
+    """A portable, collision-free file name for a video id: its safe characters plus a hash of the whole id."""
+    stem = _SAFE.sub("_", str(video_id)).strip("._")[:48] or "video"
+    return f"{stem}-{hashlib.sha1(str(video_id).encode('utf-8')).hexdigest()[:8]}"
+
+
+def js_data(name: str, obj: Any) -> str:
+    """A script assigning ``obj`` to ``window[name]``: JSON with ``<``, ``>`` and ``&`` escaped, so that no
+    string in the data can close the script or start markup, whatever the page does with the file."""
+    text = json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return f"window[{json.dumps(name)}] = {text};\n"
+
+
+def _b64(arr: np.ndarray) -> str:
+    import base64
+
+    return base64.b64encode(np.ascontiguousarray(arr).tobytes()).decode("ascii")
+
+
+def _int_array(a: np.ndarray) -> dict[str, Any]:
+    """An int array as ``{"start", "step", "n"}`` when it is arithmetic, else base64 of little-endian int32."""
+    a = np.asarray(a, dtype=np.int64)
+    if len(a) <= 1 or (np.diff(a) == a[1] - a[0]).all():
+        return {"start": int(a[0]) if len(a) else 0, "step": int(a[1] - a[0]) if len(a) > 1 else 1, "n": len(a)}
+    if a.min() < -(2**31) or a.max() >= 2**31:
+        raise ValueError("frame ids beyond the 32-bit range cannot be shown")
+    return {"b64": _b64(a.astype("<i4")), "n": len(a)}
+
+
+def _frame_pattern(names: Sequence[str]) -> dict[str, Any] | None:
+    """``{"prefix", "width", "suffix", "numbers"}`` when every name is prefix + zero-padded number + suffix."""
+    if not names:
+        return None
+    m = re.match(r"^(.*?)(\d+)(\.[^.]*)$", names[0])
+    if not m:
+        return None
+    prefix, digits, suffix = m.groups()
+    width = len(digits)
+    pat = re.compile(rf"^{re.escape(prefix)}(\d{{{width}}})({re.escape(suffix)})$")
+    numbers = []
+    for n in names:
+        mm = pat.match(n)
+        if not mm:
+            return None
+        numbers.append(int(mm.group(1)))
+    return {"prefix": prefix, "width": width, "suffix": suffix, "numbers": np.asarray(numbers, np.int64)}
+
+
+def _url(path: Path, start: Path) -> str:
+    """A relative URL from folder ``start`` to ``path`` (each segment percent-encoded), or a ``file:`` URL."""
+    try:
+        rel = os.path.relpath(path, start)
+    except ValueError:  # another drive
+        return path.resolve().as_uri()
+    return "/".join(quote(part) for part in Path(rel).parts) if rel != "." else "."
+
+
+def _event_entries(exam: Exam, events: Sequence[Mapping[str, Any]], units: str, thumbs: int) -> list[dict]:
+    ids = exam.ids(units)
+    first, last = event_rows(ids, events)
+    out = []
+    for k, e in enumerate(events):
+        s, t = int(first[k]), int(last[k])
+        labels = [n for n in LABELS if n in {str(x).strip().lower() for x in e["label"]}]
+        entry: dict[str, Any] = {"start": int(e["start"]), "end": int(e["end"]), "label": labels, "s": s, "e": t}
+        if k < thumbs and t >= s:
+            p = peak_row(exam.probs, s, t, labels)
+            between = np.linspace(s, t, 6)[1:-1].round().astype(np.int64).tolist() if t - s > 1 else []
+            rows = sorted({s, t, p, *between})
+            entry["peak"] = p
+            entry["thumbs"] = rows
+        out.append(entry)
+    return out
+
+
+def _full_rows(exam: Exam, entries: Sequence[Mapping[str, Any]], budget: int, margin: int = 6) -> np.ndarray:
+    """Rows stored at full size for an exam stored as a video file: around each event's ends, its peak and
+    evenly inside it, events in confidence order, until ``budget`` rows."""
+    t = len(exam)
+    chosen: list[int] = []
+    seen: set[int] = set()
+    for e in entries:
+        if "thumbs" not in e:
+            break
+        s, f = e["s"], e["e"]
+        rows = list(range(max(0, s - margin), min(t, s + margin + 1)))
+        rows += list(range(max(0, f - margin), min(t, f + margin + 1)))
+        rows += list(range(max(0, e["peak"] - 2), min(t, e["peak"] + 3)))
+        rows += np.linspace(s, f, min(f - s + 1, 24)).round().astype(np.int64).tolist()
+        for r in rows:
+            if r not in seen:
+                if len(chosen) >= budget:
+                    return np.asarray(sorted(chosen), np.int64)
+                seen.add(r)
+                chosen.append(r)
+    return np.asarray(sorted(chosen), np.int64)
+
+
+def _source_digest(exam: Exam, units: str, params: Mapping[str, Any]) -> str:
+    h = hashlib.sha256()
+    if exam.video is not None:
+        from monai_vce.data.video import video_source
+
+        h.update(json.dumps(video_source(exam.video), sort_keys=True).encode())
+    else:
+        assert exam.images is not None
+        for p in exam.images:
+            h.update(p.encode("utf-8", "surrogateescape") + b"\n")
+    h.update(exam.frame_number.tobytes())
+    h.update(json.dumps(dict(params), sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def _state_key(exam: Exam, units: str) -> str:
+    """Identifies the review state of an exam in the browser: the same predictions on the same frames keep it."""
+    h = hashlib.sha256()
+    h.update(json.dumps([exam.video_id, units, exam.events], sort_keys=True, default=str).encode())
+    h.update(exam.ids(units).tobytes())
+    return h.hexdigest()[:16]
+
+
+def exam_data(
+    exam: Exam,
+    units: str,
+    page_dir: Path,
+    strip_frames: int = 1500,
+    max_event_thumbnails: int = 1000,
+    max_full_frames: int = 3000,
+    thumb_size: int = 128,
+) -> tuple[dict[str, Any], ImageJob, dict[str, Any]]:
+    """The data of one exam page, the images it needs and its index entry.
+
+    Args:
+        exam: the exam.
+        units: frame units of the events.
+        page_dir: the folder of the exam's page (relative links to the frames start there).
+        strip_frames: timeline thumbnails (sampled evenly).
+        max_event_thumbnails: events (in confidence order) that get their own thumbnails.
+        max_full_frames: full-size frames stored for an exam stored as a video file.
+        thumb_size: thumbnail size.
+
+    Returns:
+        ``(data, image job, index entry)``.
+    """
+    t = len(exam)
+    name = exam_file_name(exam.video_id)
+    events = _event_entries(exam, exam.events, units, max_event_thumbnails)
+    gt = _event_entries(exam, exam.gt_events, units, 0) if exam.gt_events is not None else None
+    strip = np.unique(np.linspace(0, t - 1, min(t, strip_frames)).round().astype(np.int64)) if t else np.zeros(0, int)
+    event_thumbs = [r for e in events for r in e.get("thumbs", [])]
+    thumb_rows = np.union1d(strip, np.asarray(event_thumbs, np.int64))
+    full_rows = _full_rows(exam, events, max_full_frames) if exam.video is not None else np.zeros(0, np.int64)
+    if exam.video is not None:
+        full_rows = np.union1d(full_rows, strip)  # the strip's frames are decoded anyway
+        if len(full_rows) > max_full_frames + len(strip):
+            full_rows = full_rows[: max_full_frames + len(strip)]
+    frames: dict[str, Any]
+    if exam.video is not None:
+        frames = {"kind": "stored", "dir": f"{name}/frames", "rows": _b64(full_rows.astype("<i4"))}
+    else:
+        assert exam.images is not None
+        folders = {os.path.dirname(p) for p in exam.images}
+        pattern = _frame_pattern([os.path.basename(p) for p in exam.images]) if len(folders) == 1 else None
+        if pattern is not None and (pattern["numbers"] == exam.frame_number).all():
+            frames = {
+                "kind": "files",
+                "base": _url(Path(next(iter(folders))), page_dir),
+                "prefix": pattern["prefix"],
+                "width": pattern["width"],
+                "suffix": pattern["suffix"],
+            }
+        else:
+            frames = {"kind": "files", "urls": [_url(Path(p), page_dir) for p in exam.images]}
+    probs = None
+    if exam.probs is not None:
+        q = np.clip(np.round(exam.probs * 255.0), 0, 255).astype(np.uint8)
+        probs = _b64(np.ascontiguousarray(q.T))  # label-major: each lane's trace is one slice
+    data = {
+        "version": SITE_FORMAT_VERSION,
+        "video_id": exam.video_id,
+        "name": name,
+        "state_key": _state_key(exam, units),
+        "units": units,
+        "fps": exam.fps,
+        "num_frames": t,
+        "source": os.path.basename(exam.video) if exam.video is not None else None,
+        "frame_index": _int_array(exam.frame_index),
+        "frame_number": _int_array(exam.frame_number),
+        "labels": list(LABELS),
+        "anatomy": list(ANATOMY),
+        "pathology": list(PATHOLOGY),
+        "sections": list(SECTIONS),
+        "section_colors": SECTION_COLORS,
+        "probs": probs,
+        "events": events,
+        "gt": gt,
+        "thumbs": {"dir": f"{name}/thumbs", "rows": _b64(thumb_rows.astype("<i4")), "size": thumb_size},
+        "frames": frames,
+    }
+    job = ImageJob(
+        images=exam.images,
+        video=exam.video,
+        thumb_rows=thumb_rows,
+        full_rows=full_rows,
+        thumb_dir=page_dir / name / "thumbs",
+        full_dir=page_dir / name / "frames",
+        num_frames=t,
+    )
+    found = {n for e in events for n in e["label"]}
+    entry = {
+        "video_id": exam.video_id,
+        "page": f"exams/{name}.html",
+        "state_key": data["state_key"],
+        "num_frames": t,
+        "fps": exam.fps,
+        "units": units,
+        "labels": [n for n in LABELS if n in found],
+        "gt_events": None if gt is None else len(gt),
+        "events": [{"start": e["start"], "end": e["end"], "label": e["label"]} for e in events],
+    }
+    return data, job, entry
+
+
+_EXAM_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="../assets/review.css">
+</head>
+<body class="exam-page">
+<noscript>This review page needs JavaScript.</noscript>
+<script src="{name}/data.js"></script>
+<script src="../assets/review.js"></script>
+</body>
+</html>
+"""
+
+_INDEX_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>VCE review: {count} exams</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="assets/review.css">
+</head>
+<body class="index-page">
+<noscript>This review page needs JavaScript.</noscript>
+<script src="index.js"></script>
+<script src="assets/review.js"></script>
+</body>
+</html>
+"""
+
+
+def _load_events_arg(obj: Any, role: str) -> tuple[dict[str, Any], str]:
+    from monai_vce.metrics import check_events, load_events
+
+    if isinstance(obj, Mapping):
+        return check_events(obj, source=role, strict=False), role
+    return load_events(Path(obj)), str(obj)
+
+
+def write_review_site(
+    pred: PathLike | Mapping[str, Any],
+    frames: PathLike | Sequence[Mapping[str, Any]],
+    out_dir: PathLike,
+    probs_dir: PathLike | None = None,
+    gt: PathLike | Mapping[str, Any] | None = None,
+    units: str = "index",
+    fps: float | None = None,
+    videos: Sequence[str] | None = None,
+    strip_frames: int = 1500,
+    max_event_thumbnails: int = 1000,
+    max_full_frames: int = 3000,
+    thumb_size: int = 128,
+    num_workers: int | None = None,
+    progress: bool = True,
+) -> Path:
+    """Write the review site of a prediction (see the module docstring for the layout).
+
+    Args:
+        pred: the predicted event JSON (path or object); its event order is the confidence order.
+        frames: the frames root (video folders and/or video files, as inference reads it) or the frame
+            datalist of the run.
+        out_dir: the site folder (created; files of an earlier site there are replaced, thumbnails of unchanged
+            exams reused).
+        probs_dir: folder of the per-video ``<video_id>.npz`` probability files (traces, mean/max probability,
+            the most probable frame of each event); every shown video needs one when given.
+        gt: optional ground-truth event JSON (path or object), drawn in each lane.
+        units: frame units of the event files, ``"index"`` or ``"frame_number"`` (the site shows frames in these
+            units; the frame viewer also names the frame's file and the other id).
+        fps: frame rate of frame folders, for durations in seconds (video files carry their own).
+        videos: video ids to include, in this order (default: every video of ``pred``, in its order).
+        strip_frames: timeline thumbnails per exam.
+        max_event_thumbnails: events per exam with their own thumbnails (confidence order).
+        max_full_frames: full-size frames stored per exam stored as a video file.
+        thumb_size: thumbnail size in pixels (longer side).
+        num_workers: threads writing thumbnails (default: one per core).
+        progress: a progress bar on terminals.
+
+    Returns:
+        The path of ``index.html``.
+
+    Raises:
+        FileNotFoundError: a frames folder, a video's frames or a probability file is missing.
+        ValueError: invalid event files, unknown videos, or frames and probabilities that do not match; the
+            message names the file and the video.
+    """
+    if units not in UNITS:
+        raise ValueError(f"units must be one of {UNITS}, got {units!r}")
+    pred_obj, pred_src = _load_events_arg(pred, "prediction")
+    gt_obj = _load_events_arg(gt, "ground truth")[0] if gt is not None else None
+    pred_videos = {str(v["video_id"]): list(v["events"]) for v in pred_obj["videos"]}
+    gt_videos = {str(v["video_id"]): list(v["events"]) for v in gt_obj["videos"]} if gt_obj is not None else None
+    order = list(pred_videos) if videos is None else [str(v) for v in videos]
+    unknown = [v for v in order if v not in pred_videos]
+    if unknown:
+        raise ValueError(f"video(s) {', '.join(map(repr, unknown))} not in {pred_src}")
+    if isinstance(frames, (str, os.PathLike)) and not Path(frames).exists():
+        raise FileNotFoundError(f"frames folder {frames} not found")
+    by_video = frames_by_video(frames)
+    missing = [v for v in order if v not in by_video]
+    if missing:
+        where = frames if isinstance(frames, (str, os.PathLike)) else "the datalist"
+        raise FileNotFoundError(f"no frames of video(s) {', '.join(map(repr, missing))} in {where}")
+    out = Path(out_dir)
+    exams_dir = out / "exams"
+    exams_dir.mkdir(parents=True, exist_ok=True)
+    params = {
+        "strip_frames": strip_frames,
+        "max_event_thumbnails": max_event_thumbnails,
+        "max_full_frames": max_full_frames,
+        "thumb_size": thumb_size,
+    }
+    pages: list[tuple[str, dict[str, Any]]] = []
+    jobs: list[ImageJob] = []
+    entries: list[dict[str, Any]] = []
+    for vid in order:
+        npz = None
+        if probs_dir is not None:
+            npz = Path(probs_dir) / f"{vid}.npz"
+            if not npz.is_file():
+                raise FileNotFoundError(f"probability file {npz} of video {vid!r} not found")
+        exam = load_exam(
+            vid,
+            by_video[vid],
+            pred_videos[vid],
+            gt_events=None if gt_videos is None else gt_videos.get(vid, []),
+            probs_file=npz,
+            fps=fps,
+        )
+        _check_range(exam, exam.events, "predicted", units)
+        if exam.gt_events is not None:
+            _check_range(exam, exam.gt_events, "ground-truth", units)
+        data, job, entry = exam_data(exam, units, exams_dir, **params)
+        # thumbnails of an earlier site are reused only when they were made from the same frames and settings
+        stamp = exams_dir / data["name"] / "source.txt"
+        digest = _source_digest(exam, units, params)
+        if not stamp.is_file() or stamp.read_text().strip() != digest:
+            shutil.rmtree(exams_dir / data["name"], ignore_errors=True)
+            (exams_dir / data["name"]).mkdir(parents=True)
+            stamp.write_text(digest + "\n")
+        pages.append((data["name"], data))
+        jobs.append(job)
+        entries.append(entry)
+    render_jobs(jobs, thumb_size=thumb_size, num_workers=num_workers, progress=progress)
+    _copy_assets(out / "assets")
+    for (name, data), entry in zip(pages, entries, strict=True):
+        atomic_write_text(exams_dir / name / "data.js", js_data("VCE_EXAM", data))
+        title = html.escape(f"VCE review: {entry['video_id']}", quote=True)
+        atomic_write_text(exams_dir / f"{name}.html", _EXAM_PAGE.format(title=title, name=quote(name)))
+    index = {
+        "version": SITE_FORMAT_VERSION,
+        "prediction": os.path.basename(pred_src),
+        "units": units,
+        "labels": list(LABELS),
+        "exams": entries,
+    }
+    atomic_write_text(out / "index.js", js_data("VCE_INDEX", index))
+    return atomic_write_text(out / "index.html", _INDEX_PAGE.format(count=len(entries)))
+
+
+def _check_range(exam: Exam, events: Sequence[Mapping[str, Any]], role: str, units: str) -> None:
+    """Events beyond the exam's frames mean the wrong video or the wrong units: say so rather than draw nothing."""
+    if not events or not len(exam):
+        return
+    ids = exam.ids(units)
+    lo = min(int(e["start"]) for e in events)
+    hi = max(int(e["end"]) for e in events)
+    if lo < int(ids[0]) or hi > int(ids[-1]):
+        raise ValueError(
+            f"video {exam.video_id!r}: the {role} events span {units} {lo} to {hi} but its frames cover {units} "
+            f"{int(ids[0])} to {int(ids[-1])}; the files do not match (wrong video, frames or --units?)"
+        )
+
+
+def _copy_assets(dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("review.js", "review.css"):
+        atomic_write_text(dest / name, (_ASSETS / name).read_text(encoding="utf-8"))

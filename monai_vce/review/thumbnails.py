@@ -1,0 +1,214 @@
+"""Thumbnails and stored frames of a review site: small JPEG files, written once, in parallel.
+
+A site stores, per exam, at most ``strip_frames`` timeline thumbnails (frames sampled evenly along the exam)
+plus up to 7 thumbnails per event for the first ``max_event_thumbnails`` events, all ``thumb_size`` pixels on
+their longer side; an exam stored as a video file also gets full-size JPEG frames around its events (at most
+``max_full_frames``), since a browser cannot seek a frame of a compressed video by number. Frame folders need
+no stored frames: the frame viewer shows the original image files. So a site's size is bounded by these
+counts, not by the exam's length.
+
+Frame images are read and encoded by a thread pool (Pillow releases Python's lock while decoding and encoding);
+a video file is decoded once, sequentially (:func:`monai_vce.data.video.iter_video_frames`), and the frames it
+needs are encoded as they pass. A progress bar (tqdm) counts the frames read.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["ImageJob", "render_jobs", "jpeg_bytes"]
+
+PathLike = str | os.PathLike
+
+
+@dataclass
+class ImageJob:
+    """The images one exam needs.
+
+    Attributes:
+        images: (T,) frame image paths, or ``None`` for a video file.
+        video: the video file, or ``None``.
+        thumb_rows: rows whose thumbnail is written as ``thumb_dir/<row>.jpg``.
+        full_rows: rows written at full size as ``full_dir/<row>.jpg`` (video files).
+        thumb_dir: folder of the thumbnails.
+        full_dir: folder of the full-size frames.
+        num_frames: the number of frames of the video file (decoding stops there).
+    """
+
+    images: Sequence[str] | None
+    video: str | None
+    thumb_rows: np.ndarray
+    full_rows: np.ndarray
+    thumb_dir: Path
+    full_dir: Path
+    num_frames: int
+
+
+def jpeg_bytes(rgb: np.ndarray, max_side: int | None, quality: int) -> bytes:
+    """Encode an ``(H, W, 3)`` uint8 image as JPEG, shrunk so that its longer side is at most ``max_side``."""
+    from PIL import Image
+
+    im = Image.fromarray(np.ascontiguousarray(rgb))
+    if max_side is not None and max(im.size) > max_side:
+        im.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
+    buf = io.BytesIO()
+    im.save(buf, format="JPEG", quality=quality, optimize=True)
+    return buf.getvalue()
+
+
+def _read_rgb(path: str) -> np.ndarray:
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            if im.mode.startswith("I"):  # 16-bit grayscale: scale to 8 bit as the frame loader does
+                a = np.asarray(im, dtype=np.int32)
+                return np.repeat(((a * 255 + 32767) // 65535).astype(np.uint8)[..., None], 3, axis=2)
+            return np.asarray(im.convert("RGB"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"frame file not found: {path}") from None
+    except Exception as e:
+        raise ValueError(f"unreadable frame file {path}: {type(e).__name__}: {e}") from None
+
+
+def _write(path: Path, data: bytes) -> None:
+    # plain writes: thumbnails are many and small; the exam's data file, written last and atomically, marks the
+    # exam complete
+    path.write_bytes(data)
+
+
+def render_jobs(
+    jobs: Sequence[ImageJob],
+    thumb_size: int = 128,
+    quality: int = 80,
+    full_quality: int = 90,
+    num_workers: int | None = None,
+    progress: bool = True,
+) -> None:
+    """Write the thumbnails and full-size frames of several exams.
+
+    Files that already exist are kept (a rerun writes only what is missing; the caller empties the folders when
+    the frames changed).
+
+    Args:
+        jobs: one :class:`ImageJob` per exam.
+        thumb_size: longer side of the thumbnails in pixels.
+        quality: JPEG quality of the thumbnails.
+        full_quality: JPEG quality of the full-size frames.
+        num_workers: encoding threads (default: the cores available to the process).
+        progress: a progress bar on terminals.
+
+    Raises:
+        FileNotFoundError: a frame file is missing.
+        ValueError: a frame file is unreadable, or a video file is corrupt or truncated (naming the file and its
+            last good frame).
+    """
+    import sys
+
+    from tqdm.auto import tqdm
+
+    workers = num_workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    for job in jobs:
+        job.thumb_dir.mkdir(parents=True, exist_ok=True)
+        if len(job.full_rows):
+            job.full_dir.mkdir(parents=True, exist_ok=True)
+    total = sum((len(np.union1d(j.thumb_rows, j.full_rows)) if j.video is None else j.num_frames) for j in jobs)
+    bar = tqdm(
+        total=total,
+        unit="frame",
+        desc="review thumbnails",
+        disable=not (progress and sys.stderr.isatty()),
+        dynamic_ncols=True,
+    )
+    lock = threading.Lock()
+
+    def tick(n: int = 1) -> None:
+        with lock:
+            bar.update(n)
+
+    def image_task(job: ImageJob, row: int, thumb: bool, full: bool) -> None:
+        tpath, fpath = job.thumb_dir / f"{row}.jpg", job.full_dir / f"{row}.jpg"
+        if (not thumb or tpath.is_file()) and (not full or fpath.is_file()):
+            tick()
+            return
+        assert job.images is not None
+        rgb = _read_rgb(job.images[row])
+        if thumb and not tpath.is_file():
+            _write(tpath, jpeg_bytes(rgb, thumb_size, quality))
+        if full and not fpath.is_file():
+            _write(fpath, jpeg_bytes(rgb, None, full_quality))
+        tick()
+
+    def video_task(job: ImageJob, pool: ThreadPoolExecutor) -> None:
+        from monai_vce.data.video import iter_video_frames
+
+        assert job.video is not None
+        want_t = set(int(r) for r in job.thumb_rows if not (job.thumb_dir / f"{int(r)}.jpg").is_file())
+        want_f = set(int(r) for r in job.full_rows if not (job.full_dir / f"{int(r)}.jpg").is_file())
+        if not want_t and not want_f:
+            tick(job.num_frames)
+            return
+        last = max(want_t | want_f)
+        pending: list[Future] = []
+        decoded = 0
+        for first, frames in iter_video_frames(job.video, None, expected=job.num_frames):
+            for k in range(len(frames)):
+                row = first + k
+                if row in want_t:
+                    pending.append(
+                        pool.submit(_encode_to, job.thumb_dir / f"{row}.jpg", frames[k], thumb_size, quality)
+                    )
+                if row in want_f:
+                    pending.append(pool.submit(_encode_to, job.full_dir / f"{row}.jpg", frames[k], None, full_quality))
+            decoded += len(frames)
+            tick(len(frames))
+            if first + len(frames) > last:
+                break
+        tick(job.num_frames - decoded)
+        for f in pending:
+            f.result()
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures: list[Future] = []
+        video_threads: list[tuple[threading.Thread, list[BaseException]]] = []
+        for job in jobs:
+            if job.video is not None:
+                errors: list[BaseException] = []
+                t = threading.Thread(target=_capture(video_task, errors), args=(job, pool), daemon=True)
+                t.start()
+                video_threads.append((t, errors))
+                continue
+            thumbs, fulls = set(job.thumb_rows.tolist()), set(job.full_rows.tolist())
+            for row in sorted(thumbs | fulls):
+                futures.append(pool.submit(image_task, job, int(row), row in thumbs, row in fulls))
+        try:
+            for f in futures:
+                f.result()
+            for t, errors in video_threads:
+                t.join()
+                if errors:
+                    raise errors[0]
+        finally:
+            bar.close()
+
+
+def _encode_to(path: Path, chw: np.ndarray, max_side: int | None, quality: int) -> None:
+    _write(path, jpeg_bytes(np.transpose(chw, (1, 2, 0)), max_side, quality))
+
+
+def _capture(fn: Callable, errors: list[BaseException]) -> Callable:
+    def run(*args: object) -> None:
+        try:
+            fn(*args)
+        except BaseException as e:
+            errors.append(e)
+
+    return run

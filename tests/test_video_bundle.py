@@ -1,0 +1,71 @@
+"""Bundle inference on a folder of video files (.mp4), with its review site, resume and frame cache."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from bundle_helpers import DEMO, INFERENCE, TRAIN, config_list, run_bundle, trained_bundle
+
+pytest.importorskip("av", reason="video support needs PyAV: pip install 'monai-vce[video]'")
+
+
+def _args(run, data_dir: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "run",
+        "--config_file",
+        config_list(INFERENCE, DEMO),
+        "--bundle_root",
+        str(Path(TRAIN).parents[1]),
+        "--dataset_dir",
+        str(data_dir),
+        "--ckpt_dir",
+        str(run["models"]),
+        "--output_dir",
+        str(out),
+        "--batch_size",
+        "16",
+        "--num_workers",
+        "0",
+        "--progress",
+        "False",
+        "--report",
+        "False",
+        *extra,
+    ]
+
+
+def test_inference_on_video_files_gives_events_and_a_review_site(tmp_path_factory, mini_galar):
+    from monai_vce.data import generate_mini_galar
+    from monai_vce.metrics import load_events
+
+    run = trained_bundle(tmp_path_factory, mini_galar)
+    videos = tmp_path_factory.mktemp("mp4_exams") / "data"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        generate_mini_galar(videos, videos=3, frames_per_video=40, size=32, seed=5, video_format="mp4")
+    out = tmp_path_factory.mktemp("mp4_inference")
+    proc = run_bundle(_args(run, videos, out, "--review", "True"))
+    events = load_events(out / "events.json")
+    ids = [v["video_id"] for v in events["videos"]]
+    assert ids == ["1", "2", "ukdd_navi_00003"]
+    assert sum(len(v["events"]) for v in events["videos"]) > 0
+    for vid in ids:
+        with np.load(out / "probs" / f"{vid}.npz") as z:
+            # frame numbers of a video file are its decoded positions
+            assert z["frame_number"].tolist() == list(range(40)) and z["probs"].shape == (40, 17)
+        assert (out / "video_frames" / "64px" / f"{vid}.json").is_file()  # decoded once, at the network's size
+    index = out / "review" / "index.html"
+    assert index.is_file() and "review site:" in proc.stdout
+    exam = json.loads(next((out / "review" / "exams").glob("1-*/data.js")).read_text().split("=", 1)[1].rstrip(";\n"))
+    assert exam["num_frames"] == 40 and exam["frames"]["kind"] == "stored" and exam["fps"] == 5.0
+
+    # a rerun resumes: every video is done, nothing is decoded or inferred again, the same events come out
+    first = (out / "video_frames" / "64px" / "1.npy").stat().st_mtime_ns
+    proc = run_bundle(_args(run, videos, out))
+    assert "skipping 3 video(s) already inferred" in proc.stdout + proc.stderr
+    assert load_events(out / "events.json") == events
+    assert (out / "video_frames" / "64px" / "1.npy").stat().st_mtime_ns == first
