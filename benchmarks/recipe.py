@@ -178,6 +178,8 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, data: dict[str, str])
         key: override[key]
         for key in ("backbone", "image_size", "amp", "num_workers", "progress", "bundle_root", "ckpt_dir")
     }
+    # the arm's network keys (e.g. the attention variant) must reach the inference network too
+    infer_override.update({k: v for k, v in extra.items() if "#" not in k})
     infer_override.update(
         {
             "output_dir": str(run_dir / "heldout"),
