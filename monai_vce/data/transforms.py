@@ -96,8 +96,8 @@ class RandHueSaturationd(RandomizableTransform, MapTransform):
         super().randomize(None)
         if not self._do_transform:
             return
-        theta = 2.0 * math.pi * self.R.uniform(*self.hue)
-        s = self.R.uniform(*self.saturation)
+        theta = 2.0 * math.pi * self.R.uniform(self.hue[0], self.hue[1])
+        s = self.R.uniform(self.saturation[0], self.saturation[1])
         c, sn = math.cos(theta), math.sin(theta)
         chroma = np.array([[1.0, 0.0, 0.0], [0.0, s * c, -s * sn], [0.0, s * sn, s * c]])
         self._matrix = _YIQ2RGB @ chroma @ _RGB2YIQ
@@ -166,8 +166,8 @@ class RandResizedCropd(RandomizableTransform, MapTransform):
         area = height * width
         log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
         for _ in range(10):
-            target_area = area * self.R.uniform(*self.scale)
-            aspect = math.exp(self.R.uniform(*log_ratio))
+            target_area = area * self.R.uniform(self.scale[0], self.scale[1])
+            aspect = math.exp(self.R.uniform(log_ratio[0], log_ratio[1]))
             w = round(math.sqrt(target_area * aspect))
             h = round(math.sqrt(target_area / aspect))
             if 0 < w <= width and 0 < h <= height:
@@ -238,8 +238,8 @@ class RandErasingd(RandomizableTransform, MapTransform):
         height, width = data
         log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
         for _ in range(10):
-            erase_area = height * width * self.R.uniform(*self.scale)
-            aspect = math.exp(self.R.uniform(*log_ratio))
+            erase_area = height * width * self.R.uniform(self.scale[0], self.scale[1])
+            aspect = math.exp(self.R.uniform(log_ratio[0], log_ratio[1]))
             h = round(math.sqrt(erase_area * aspect))
             w = round(math.sqrt(erase_area / aspect))
             if 0 < h < height and 0 < w < width:
@@ -402,34 +402,32 @@ def vce_train_transforms(
         RandResizedCropd(keys=k, image_size=image_size, scale=crop_scale, ratio=crop_ratio),
         ScaleIntensityRanged(keys=k, a_min=0.0, a_max=255.0, b_min=0.0, b_max=1.0, clip=True),
     ]
-    optional: list[tuple[float, Any]] = [
-        (flip_prob, lambda: RandFlipd(keys=k, prob=flip_prob, spatial_axis=0)),
-        (flip_prob, lambda: RandFlipd(keys=k, prob=flip_prob, spatial_axis=1)),
-        (rot90_prob, lambda: RandRotate90d(keys=k, prob=rot90_prob, max_k=3)),
-        (
-            rotate_prob if rotate_degrees > 0 else 0.0,
-            lambda: RandRotated(
+    if flip_prob > 0:
+        xforms += [RandFlipd(keys=k, prob=flip_prob, spatial_axis=0), RandFlipd(keys=k, prob=flip_prob, spatial_axis=1)]
+    if rot90_prob > 0:
+        xforms.append(RandRotate90d(keys=k, prob=rot90_prob, max_k=3))
+    if rotate_prob > 0 and rotate_degrees > 0:
+        xforms.append(
+            RandRotated(
                 keys=k, range_x=math.radians(rotate_degrees), prob=rotate_prob, keep_size=True, padding_mode="zeros"
-            ),
-        ),
-        (
-            color_prob if brightness > 0 else 0.0,
-            lambda: RandScaleIntensityd(keys=k, factors=brightness, prob=color_prob),
-        ),
-        (
-            color_prob if contrast > 0 else 0.0,
-            lambda: RandScaleIntensityFixedMeand(keys=k, factors=contrast, prob=color_prob),
-        ),
-        (color_prob if gamma is not None else 0.0, lambda: RandAdjustContrastd(keys=k, gamma=gamma, prob=color_prob)),
-        (color_prob if shift > 0 else 0.0, lambda: RandShiftIntensityd(keys=k, offsets=shift, prob=color_prob)),
-        (
-            color_prob if hue > 0 or saturation > 0 else 0.0,
-            lambda: RandHueSaturationd(keys=k, hue=hue, saturation=saturation, prob=color_prob),
-        ),
-        (blur_prob, lambda: RandGaussianSmoothd(keys=k, sigma_x=blur_sigma, sigma_y=blur_sigma, prob=blur_prob)),
-        (noise_prob, lambda: RandGaussianNoised(keys=k, std=noise_std, prob=noise_prob)),
-        (erase_prob, lambda: RandErasingd(keys=k, prob=erase_prob, scale=erase_scale, ratio=erase_ratio)),
-    ]
-    xforms += [make() for prob, make in optional if prob > 0]
+            )
+        )
+    if color_prob > 0:
+        if brightness > 0:
+            xforms.append(RandScaleIntensityd(keys=k, factors=brightness, prob=color_prob))
+        if contrast > 0:
+            xforms.append(RandScaleIntensityFixedMeand(keys=k, factors=contrast, prob=color_prob))
+        if gamma is not None:
+            xforms.append(RandAdjustContrastd(keys=k, gamma=gamma, prob=color_prob))
+        if shift > 0:
+            xforms.append(RandShiftIntensityd(keys=k, offsets=shift, prob=color_prob))
+        if hue > 0 or saturation > 0:
+            xforms.append(RandHueSaturationd(keys=k, hue=hue, saturation=saturation, prob=color_prob))
+    if blur_prob > 0:
+        xforms.append(RandGaussianSmoothd(keys=k, sigma_x=blur_sigma, sigma_y=blur_sigma, prob=blur_prob))
+    if noise_prob > 0:
+        xforms.append(RandGaussianNoised(keys=k, std=noise_std, prob=noise_prob))
+    if erase_prob > 0:
+        xforms.append(RandErasingd(keys=k, prob=erase_prob, scale=erase_scale, ratio=erase_ratio))
     xforms += _finalise(k, label_key, output_dtype, 1.0)
     return Compose(xforms)
