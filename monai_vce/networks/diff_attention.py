@@ -14,16 +14,16 @@ RMS sub-norm are new. Three variants (``variant``), named for what they are:
     concatenation of the values of heads ``2j`` and ``2j + 1`` (``2 * head_dim`` wide); the output is
     ``(A1 - lambda A2) V`` with ``lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init`` (one scalar per block,
     lambda vectors drawn from N(0, 0.1)). The paper states the two head groups but not which pretrained heads pair
-    up; the adjacent pairing of Ye et al. and timm is used. At step 0 a block's attention output is about
-    ``1 - 0.8`` of the pretrained one (the two maps of a pair are similar): fine-tuning starts from the pretrained
-    weights, not from the pretrained function.
+    up; the adjacent pairing of Ye et al. and timm is used. At step 0 a block computes ``(A1 - lambda A2) V`` with
+    the pretrained maps and ``lambda`` about 0.8: fine-tuning starts from the pretrained weights, not from the
+    pretrained function.
 
 ``"diff_transformer"``
     The layout of Ye et al., "Differential Transformer" (arXiv 2410.05258, 2024): the same pairing, with the
     depth schedule ``lambda_init = 0.8 - 0.6 exp(-0.3 d)`` at block depth ``d`` (0.2 to 0.78) and the output
-    RMS-normalised per differential head and scaled by ``1 - lambda_init`` (the sub-norm). The re-normalisation
-    moves a pretrained block's output by more than its own magnitude at step 0. (``mode="paper"`` of earlier
-    releases meant this variant.)
+    RMS-normalised per differential head and scaled by ``1 - lambda_init`` (the sub-norm), so that at step 0 too
+    a block computes another function than the pretrained one. (``mode="paper"`` of earlier releases meant this
+    variant.)
 
 ``"preserving"``
     Function-preserving at initialisation. All ``h`` heads keep their own map and value; head ``i`` subtracts
