@@ -262,21 +262,25 @@ def test_full_size_biomedclip_random_weights_offline(monkeypatch):
     assert len(net.diff_blocks) == 12
     blocks = net.visual.trunk.blocks
     assert blocks[0].attn.num_heads == 6 and blocks[0].attn.head_dim == 64
+    # the default network (the bundle's default recipe): Ye et al.'s schedule and sub-norm, head r = 4
+    assert blocks[11].attn.lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.3 * 11))
+    assert all(b.attn.use_sub_norm for b in blocks) and net.classifier_head.gate.fc[0].out_features == 128
     # the paper's network: constant lambda_init 0.8 and no sub-norm in all 12 blocks, heads on the 512-d feature
-    assert all(b.attn.lambda_init == 0.8 and not b.attn.use_sub_norm for b in blocks)
-    assert net.classifier_head.fc.in_features == 512 and net.classifier_head.gate.fc[0].out_features == 32
-    ye = DiffAttnCLIPClassifier(pretrained=False, contrastive=False, attention_variant="diff_transformer")
-    assert ye.visual.trunk.blocks[11].attn.lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.3 * 11))
+    paper = DiffAttnCLIPClassifier(
+        pretrained=False, contrastive=False, attention_variant="paper", se_reduction=16, head_batch_norm=True
+    )
+    assert all(b.attn.lambda_init == 0.8 and not b.attn.use_sub_norm for b in paper.visual.trunk.blocks)
+    assert paper.classifier_head.fc.in_features == 512 and paper.classifier_head.gate.fc[0].out_features == 32
     with torch.no_grad():
         out = net(torch.rand(2, 3, 224, 224))
     assert out.shape == (2, 17) and torch.isfinite(out).all()
 
 
 def test_paper_head_excitation_batchnorm_dropout(tiny):
-    """SE gate x sigmoid(W2 ReLU(W1 x)) with r = 16, then BatchNorm, dropout 0.4, linear to 17 (the defaults)."""
+    """The paper's head: SE gate x sigmoid(W2 ReLU(W1 x)) with r = 16, then BatchNorm, dropout 0.4, linear to 17."""
     from monai_vce.networks import SEGatedClassifierHead
 
-    head = SEGatedClassifierHead(512)
+    head = SEGatedClassifierHead(512, reduction=16, dropout=0.4, batch_norm=True)
     assert head.gate.fc[0].in_features == 512 and head.gate.fc[0].out_features == 32  # 512 / 16
     assert isinstance(head.norm, torch.nn.BatchNorm1d) and head.dropout.p == 0.4 and head.fc.out_features == 17
     torch.manual_seed(0)
@@ -294,11 +298,11 @@ def test_paper_head_excitation_batchnorm_dropout(tiny):
     out = torch.stack([head(x) for _ in range(2)])
     assert not torch.allclose(out[0], out[1])  # dropout is active in training
     # BatchNorm normalises the gated features with the batch's statistics in training
-    no_drop = SEGatedClassifierHead(512, dropout=0.0).train()
+    no_drop = SEGatedClassifierHead(512, reduction=16, batch_norm=True).train()
     feats = no_drop.norm(no_drop.gate(x.unsqueeze(-1)).squeeze(-1))
     torch.testing.assert_close(feats.mean(0), torch.zeros(512), atol=1e-5, rtol=0)
-    # the project preset's head: r = 4, no BatchNorm, dropout 0.1
-    project = _net(tiny, se_reduction=4, head_batch_norm=False, dropout=0.1).classifier_head
+    # the default (project) head: r = 4, no BatchNorm, dropout 0.1
+    project = _net(tiny).classifier_head
     assert project.gate.fc[0].out_features == 8 and isinstance(project.norm, torch.nn.Identity)
     assert project.dropout.p == 0.1
 
@@ -317,6 +321,7 @@ def test_contrastive_logit_scale_clamped_at_100(tiny):
 
 
 def test_deprecated_conversion_mode(tiny):
+    """``conversion_mode="paper"`` keeps building what it built: Ye et al.'s layout, with a DeprecationWarning."""
     with pytest.warns(DeprecationWarning, match="diff_transformer"):
         net = _net(tiny, conversion_mode="paper")
     assert net.attention_variant == "diff_transformer"

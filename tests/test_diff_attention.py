@@ -324,7 +324,7 @@ def test_paper_variant_constant_lambda_init_without_sub_norm(impl):
     exp(lq1 . lk1) - exp(lq2 . lk2) + 0.8."""
     model = _tiny_vit()
     original = copy.deepcopy(model)
-    convert_to_diff_attention(model, attn_impl=impl)  # the default variant is the paper's
+    convert_to_diff_attention(model, variant="paper", attn_impl=impl)
     x = torch.randn(2, 13, 64)
     for blk, ref_blk in zip(model.blocks, original.blocks, strict=True):
         attn = blk.attn
@@ -342,9 +342,9 @@ def test_paper_variant_constant_lambda_init_without_sub_norm(impl):
                 for j in range(2)
             ]
             torch.testing.assert_close(attn(x), ref_blk.attn.proj(torch.cat(heads, -1)), atol=1e-5, rtol=0)
-    # Ye et al.'s variant: depth schedule and sub-norm
+    # Ye et al.'s variant (the default): depth schedule and sub-norm
     ye = _tiny_vit()
-    convert_to_diff_attention(ye, variant="diff_transformer")
+    convert_to_diff_attention(ye)
     assert [b.attn.lambda_init for b in ye.blocks] == pytest.approx([0.2, lambda_init_for_depth(1)])
     assert all(b.attn.use_sub_norm for b in ye.blocks)
 

@@ -134,7 +134,8 @@ def test_one_resize_for_training_validation_and_inference(tmp_path):
     from monai_vce.data.frames import load_vce_frame, resize_frame
 
     item = {"image": _textured_frame(tmp_path / "frame_000001.PNG"), "label": [0.0] * 17}
-    no_aug = dict(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_prob=0, rotate_prob=0, color_prob=0, erase_prob=0)
+    no_aug = dict(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_prob=0, rot90_prob=0, rotate_prob=0, color_prob=0)
+    no_aug.update(blur_prob=0, noise_prob=0, erase_prob=0)
     train = vce_train_transforms(image_size=224, **no_aug).set_random_state(0)(item)["image"]
     val = vce_val_transforms(image_size=224)(item)["image"]
     # inference.json's preprocessing, built as the bundle builds it
@@ -183,13 +184,16 @@ def test_random_erasing():
     assert torch.equal(RandErasingd(keys="x", prob=0.0)({"x": img})["x"], img)
 
 
-def test_paper_augmentation_defaults():
-    """The defaults are the paper's augmentation: crop 0.7-1.0, flips, +-15 degrees, colour jitter, erasing."""
+def test_paper_augmentation():
+    """The paper's augmentation (the paper preset's values): crop 0.7-1.0, flips, +-15 degrees, colour jitter,
+    random erasing; the defaults are the project preset's."""
     from monai.transforms import RandAdjustContrastd, RandFlipd, RandGaussianNoised, RandRotate90d, RandRotated
 
     from monai_vce.data.transforms import RandErasingd, RandResizedCropd
 
-    t = vce_train_transforms(image_size=32).transforms
+    paper = dict(crop_scale=(0.7, 1.0), crop_ratio=(3 / 4, 4 / 3), rot90_prob=0.0, rotate_prob=1.0, rotate_degrees=15.0)
+    paper.update(gamma=None, shift=0.0, blur_prob=0.0, noise_prob=0.0, erase_prob=0.5)
+    t = vce_train_transforms(image_size=32, **paper).transforms
     kinds = [type(x) for x in t]
     crop = next(x for x in t if isinstance(x, RandResizedCropd))
     assert crop.scale == (0.7, 1.0) and crop.ratio == pytest.approx((0.75, 4 / 3))
@@ -198,6 +202,6 @@ def test_paper_augmentation_defaults():
     assert rotate.rand_rotate.range_x == pytest.approx((-np.pi / 12, np.pi / 12)) and rotate.prob == 1.0
     for absent in (RandRotate90d, RandAdjustContrastd, RandGaussianNoised):
         assert absent not in kinds
-    # the project preset's options are still available
-    project = [type(x) for x in vce_train_transforms(32, rot90_prob=0.5, gamma=(0.8, 1.25), noise_prob=0.2).transforms]
-    assert {RandRotate90d, RandAdjustContrastd, RandGaussianNoised} <= set(project)
+    # the defaults: the project preset's augmentation
+    project = [type(x) for x in vce_train_transforms(32).transforms]
+    assert {RandRotate90d, RandAdjustContrastd, RandGaussianNoised} <= set(project) and RandErasingd not in project

@@ -325,30 +325,30 @@ def vce_val_transforms(
 def vce_train_transforms(
     image_size: int = 224,
     output_dtype: str = "uint8",
-    crop_scale: tuple[float, float] = (0.7, 1.0),
-    crop_ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0),
+    crop_scale: tuple[float, float] = (0.49, 1.0),
+    crop_ratio: tuple[float, float] = (0.7, 1.43),
     flip_prob: float = 0.5,
-    rot90_prob: float = 0.0,
-    rotate_prob: float = 1.0,
-    rotate_degrees: float = 15.0,
+    rot90_prob: float = 0.5,
+    rotate_prob: float = 0.5,
+    rotate_degrees: float = 180.0,
     brightness: float = 0.2,
     contrast: float = 0.2,
     saturation: float = 0.2,
     hue: float = 0.03,
-    gamma: tuple[float, float] | None = None,
-    shift: float = 0.0,
+    gamma: tuple[float, float] | None = (0.8, 1.25),
+    shift: float = 0.05,
     color_prob: float = 0.5,
-    blur_prob: float = 0.0,
+    blur_prob: float = 0.2,
     blur_sigma: tuple[float, float] = (0.1, 1.0),
-    noise_prob: float = 0.0,
+    noise_prob: float = 0.2,
     noise_std: float = 0.02,
-    erase_prob: float = 0.5,
+    erase_prob: float = 0.0,
     erase_scale: tuple[float, float] = (0.02, 0.33),
     erase_ratio: tuple[float, float] = (0.3, 3.3),
     image_key: str = "image",
     label_key: str = "label",
 ) -> Compose:
-    """Training augmentation for capsule frames; the defaults are the paper's.
+    """Training augmentation for capsule frames; the defaults are the bundle's default (``project``) recipe's.
 
     In order: decode at full size; random resized crop (:class:`RandResizedCropd`: area ``crop_scale``, aspect
     ``crop_ratio``) resized to ``image_size`` by the antialiased resize of validation and inference; scale to
@@ -361,9 +361,11 @@ def vce_train_transforms(
     (:class:`RandErasingd`, ``erase_prob``); clip and cast. A probability of 0 leaves its transform out. Call
     ``set_random_state(seed)`` on the result for a reproducible stream.
 
-    The paper's augmentation (the defaults): random resized crop of area 0.7-1.0, colour jitter, horizontal and
-    vertical flips, rotation +-15 degrees, random erasing. The bundle's ``project`` preset: area 0.49-1.0 and
-    aspect 0.7-1.43, 90-degree and free rotations, gamma, shift, blur and noise, no erasing.
+    The defaults (the ``project`` preset): crop area 0.49-1.0 and aspect 0.7-1.43, flips, 90-degree and free
+    rotations, colour jitter with gamma and shift, blur and noise, no erasing. The paper's augmentation (the
+    ``paper`` preset): ``crop_scale=(0.7, 1.0), crop_ratio=(3/4, 4/3), rot90_prob=0, rotate_prob=1,
+    rotate_degrees=15, gamma=None, shift=0, blur_prob=0, noise_prob=0, erase_prob=0.5``: random resized crop of area
+    0.7-1.0, colour jitter, horizontal and vertical flips, rotation +-15 degrees, random erasing.
 
     Args:
         image_size: side of the square output image.

@@ -51,6 +51,9 @@ def _drop_unused_contrastive_state(module: nn.Module, state_dict: dict[str, Any]
 class DiffAttnCLIPClassifier(nn.Module):
     """BiomedCLIP image tower with differential attention, an SE-gated classifier and a text-contrastive path.
 
+    The defaults build the network of the bundle's default recipe (``project``); the paper's network is
+    ``attention_variant="paper", se_reduction=16, head_batch_norm=True, dropout=0.4`` (``bundle/configs/paper.json``).
+
     Input: float RGB images in [0, 1], shape (B, 3, H, W) with H = W = ``image_size``; the CLIP mean/std
     normalisation happens inside (buffers). :meth:`forward` returns one float32 tensor of raw logits (B, num_classes)
     in train and eval mode, so the network works with MONAI inferers, ``verify_net_in_out`` and TorchScript.
@@ -75,8 +78,9 @@ class DiffAttnCLIPClassifier(nn.Module):
         pretrained: True loads the backbone's weights, False builds it with random weights, a path loads that file.
         attention: ``"diff"`` converts the ViT attention to differential attention, ``"plain"`` keeps it.
         attention_variant: ``"paper"`` (the paper's: constant lambda_init 0.8, no sub-norm), ``"diff_transformer"``
-            (Ye et al. 2024: depth schedule of lambda_init and sub-norm) or ``"preserving"`` (computes the pretrained
-            network exactly at initialisation); see :mod:`monai_vce.networks.diff_attention`.
+            (Ye et al. 2024: depth schedule of lambda_init and sub-norm; the default, as in the bundle's default
+            recipe) or ``"preserving"`` (computes the pretrained network exactly at initialisation); see
+            :mod:`monai_vce.networks.diff_attention`.
         conversion_mode: deprecated: ``"paper"`` is the ``"diff_transformer"`` variant, ``"preserving"`` the
             ``"preserving"`` one (a ``DeprecationWarning``; removed in the next release).
         lambda_init_schedule: ``"depth"`` (``0.8 - 0.6 exp(-0.3 d)``), ``"constant"`` (0.8) or a number; None takes
@@ -87,9 +91,9 @@ class DiffAttnCLIPClassifier(nn.Module):
         attn_impl: ``"auto"`` (SDPA unless timm's fused-attention switch is off), ``"sdpa"`` or ``"explicit"``
             (the reference path that returns the attention maps).
         num_classes: number of logits (17 RARE-VISION labels).
-        dropout: dropout before the classification layer (the paper's 0.4).
-        se_reduction: reduction ratio of the excitation gate (the paper's 16).
-        head_batch_norm: BatchNorm over the gated features before the dropout (the paper's head).
+        dropout: dropout before the classification layer (the paper's: 0.4).
+        se_reduction: reduction ratio of the excitation gate (the paper's: 16).
+        head_batch_norm: BatchNorm over the gated features before the dropout (the paper's head has it).
         text_embeddings: a ``.pt`` file of label-prompt embeddings (``python -m monai_vce.text_embeddings``), a
             (num_classes, embed_dim) tensor, or None (contrastive path off).
         text_model: the CLIP model (``hf-hub:`` id, ``local-dir:`` folder or checkpoint file) whose text tower
@@ -127,9 +131,9 @@ class DiffAttnCLIPClassifier(nn.Module):
         subln: bool | None = None,
         attn_impl: str = "auto",
         num_classes: int = NUM_LABELS,
-        dropout: float = 0.4,
-        se_reduction: int = 16,
-        head_batch_norm: bool = True,
+        dropout: float = 0.1,
+        se_reduction: int = 4,
+        head_batch_norm: bool = False,
         text_embeddings: str | os.PathLike | torch.Tensor | None = None,
         text_model: str | None = None,
         text_model_name: str | None = None,

@@ -111,7 +111,8 @@ def resolve_variant(variant: str | None = None, mode: str | None = None, stackle
     """The attention variant from ``variant`` or the deprecated ``mode`` (``conversion_mode``) value.
 
     Args:
-        variant: one of :data:`ATTENTION_VARIANTS`, or None to take ``mode`` (default ``"paper"``).
+        variant: one of :data:`ATTENTION_VARIANTS`, or None to take ``mode`` (default ``"diff_transformer"``, the
+            layout of earlier releases and of the bundle's default recipe).
         mode: deprecated: ``"paper"`` (Ye et al.'s layout, now ``"diff_transformer"``) or ``"preserving"``; warns
             with a ``DeprecationWarning``.
         stacklevel: stack level of the warning.
@@ -131,7 +132,7 @@ def resolve_variant(variant: str | None = None, mode: str | None = None, stackle
             DeprecationWarning,
             stacklevel=stacklevel,
         )
-    variant = "paper" if variant is None else variant
+    variant = "diff_transformer" if variant is None else variant
     if variant not in ATTENTION_VARIANTS:
         raise ValueError(f"attention variant must be one of {ATTENTION_VARIANTS}, got {variant!r}")
     return variant
@@ -173,7 +174,7 @@ def resolve_lambda_init(schedule: LambdaInit, depth: int) -> float:
 
 
 class DifferentialAttention(DiffAttention):
-    """Differential attention in one of the variants of the module docstring (``"paper"`` by default).
+    """Differential attention in one of the variants of the module docstring (``"diff_transformer"`` by default).
 
     The module computes ``2 * num_heads`` softmax maps of ``head_dim = dim // (2 * num_heads)`` channels, i.e. a
     pretrained block with ``h`` heads converts to ``num_heads = h / 2``. Build it from a pretrained attention with
@@ -523,7 +524,7 @@ def convert_to_diff_attention(
 
     Args:
         model: a timm ``VisionTransformer``, an open_clip ``TimmModel`` or a module with ``.visual.trunk``.
-        variant: ``"paper"`` (default), ``"diff_transformer"`` or ``"preserving"`` (see the module docstring).
+        variant: ``"paper"``, ``"diff_transformer"`` (default) or ``"preserving"`` (see the module docstring).
         blocks: indices of the blocks to convert (negative indices count from the end); None converts all.
         lambda_init: lambda_init schedule (see :func:`resolve_lambda_init`; None: the variant's); the depth is the
             block index.

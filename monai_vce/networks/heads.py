@@ -23,7 +23,8 @@ class SEGatedClassifierHead(nn.Module):
     The gate (MONAI's :class:`~monai.networks.blocks.ChannelSELayer` on the feature vector seen as a length-1
     sequence) computes ``x * sigmoid(W2 ReLU(W1 x))`` with ``W1`` of ``in_features // reduction`` hidden units, so
     the head can emphasise the CLIP feature channels that matter for capsule-endoscopy findings before the linear
-    classifier. The defaults are the paper's head: reduction 16, BatchNorm, dropout 0.4.
+    classifier. The paper's head is ``reduction=16, batch_norm=True, dropout=0.4``; the defaults are the bundle's
+    default (``project``) head without its dropout.
 
     Args:
         in_features: width of the image features.
@@ -37,9 +38,9 @@ class SEGatedClassifierHead(nn.Module):
         self,
         in_features: int,
         num_classes: int = NUM_LABELS,
-        reduction: int = 16,
-        dropout: float = 0.4,
-        batch_norm: bool = True,
+        reduction: int = 4,
+        dropout: float = 0.0,
+        batch_norm: bool = False,
     ) -> None:
         super().__init__()
         if reduction < 1 or in_features // reduction < 1:
