@@ -6,9 +6,10 @@ rotating order within each repeat (so that load from other processes hits them a
 at float32. The median wall-clock and process CPU time per batch and their ratios to the plain tower are printed as
 a Markdown table; CPU time is less sensitive than wall time to other processes sharing the cores.
 
-Variants: ``plain``; ``paper`` and ``preserving`` with the default ``attn_impl="auto"`` (one fused
-``scaled_dot_product_attention`` call per block, on CPU too); ``paper (explicit)``, the explicit-map reference path
-(``--explicit-variant``). The load average of the machine before and after the run is printed with the table.
+Variants: ``plain``; the attention variants ``paper`` (constant lambda_init, no sub-norm), ``diff_transformer``
+(Ye et al.'s, with the per-head sub-norm) and ``preserving`` with the default ``attn_impl="auto"`` (one fused
+``scaled_dot_product_attention`` call per block, on CPU too); ``diff_transformer (explicit)``, the explicit-map
+reference path (``--explicit-variant``). The load average of the machine before and after the run is printed with the table.
 
 Usage (from the repository root)::
 
@@ -46,15 +47,16 @@ def main() -> None:
     torch.manual_seed(0)
     plain = build_image_tower(BIOMEDCLIP_HUB_ID, pretrained=False).visual.eval()
     variants = {"plain": plain}
-    for name, mode, impl in (
+    for name, variant, impl in (
         ("paper", "paper", "auto"),
+        ("diff_transformer", "diff_transformer", "auto"),
         ("preserving", "preserving", "auto"),
-        ("paper (explicit)", "paper", "explicit"),
+        ("diff_transformer (explicit)", "diff_transformer", "explicit"),
     ):
         if impl == "explicit" and not args.explicit_variant:
             continue
         model = copy.deepcopy(plain)
-        convert_to_diff_attention(model, mode=mode, attn_impl=impl)
+        convert_to_diff_attention(model, variant=variant, attn_impl=impl)
         variants[name] = model.eval()
     for model in variants.values():
         model.to(device)

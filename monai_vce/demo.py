@@ -86,7 +86,9 @@ def run_demo(
     # 2. export
     infer_cfg = _configs(bundle, "inference.json")
     model_ts, model_pt = ckpt_dir / "model.ts", ckpt_dir / "model.pt"
-    size = int(_workflow(infer_cfg, bundle, "infer").parser.get_parsed_content("image_size"))
+    parse_only = _workflow(infer_cfg, bundle, "infer")
+    size = int(parse_only.parser.get_parsed_content("image_size"))
+    parse_only.finalize()  # releases the output lock its initialize took, for the inference step below
     # the network is traced (TorchScript tracing of the open_clip/timm trunk; scripting is not supported)
     export_args = (
         f" --filepath {model_ts} --ckpt_file {model_pt} --use_trace True --input_shape '[1, 3, {size}, {size}]'"
@@ -113,6 +115,7 @@ def run_demo(
 
     # 3. inference on held-out generated videos (labelled datalist: events in index units, like the ground truth)
     test_dir = Path(wf_inf.parser.get_parsed_content("test_dir"))
+    wf_inf.finalize()
     override = {
         "dataset_dir": str(test_dir),
         "datalist": "$monai_vce.workflows.galar_datalist(@dataset_dir)",

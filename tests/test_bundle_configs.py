@@ -135,7 +135,7 @@ def test_defaults_point_at_real_use():
     assert train["backbone"].startswith("hf-hub:microsoft/BiomedCLIP")
     assert train["image_size"] == 224 and train["pretrained"] is True
     assert train["train"]["optimizer"]["_target_"] == "torch.optim.AdamW"
-    assert train["train"]["lr_scheduler"]["_target_"] == "monai.optimizers.WarmupCosineSchedule"
+    assert train["train"]["lr_scheduler"]["_target_"] == "monai_vce.engines.ResumableOneCycleLR"
     assert train["ema_decay"] == 0.999 and train["amp"] == "$torch.cuda.is_available()"
 
 
@@ -266,12 +266,13 @@ def test_optimizer_uses_the_network_param_groups():
     head = [n for n in named if n.startswith("classifier_head.") and n.endswith("weight") and named[n].ndim == 2][0]
     trunk = [n for n in named if n.startswith("visual.") and "qkv.weight" in n][0]
     bias = [n for n in named if n.endswith(".bias")][0]
-    assert ids[id(named[head])]["lr"] == pytest.approx(1e-3) and ids[id(named[head])]["weight_decay"] == 0.05
+    wd = json.loads(Path(TRAIN).read_text())["weight_decay"]
+    assert ids[id(named[head])]["lr"] == pytest.approx(1e-3) and ids[id(named[head])]["weight_decay"] == wd
     # layer_decay 1.0 (the default): one multiplier for the whole pretrained tower
     assert ids[id(named[trunk])]["lr"] == pytest.approx(1e-4)
     assert ids[id(named[bias])]["weight_decay"] == 0.0
     # the same groups as the network's own method
-    expected = net.param_groups(lr=1e-3, backbone_lr_mult=0.1, layer_decay=1.0, weight_decay=0.05)
+    expected = net.param_groups(lr=1e-3, backbone_lr_mult=0.1, layer_decay=1.0, weight_decay=wd)
     assert [(g["name"], g["lr"], len(g["params"])) for g in expected] == [
         (g["name"], g["lr"], len(g["params"])) for g in groups
     ]

@@ -1,4 +1,5 @@
-"""Differential attention: conversion of every block, exact weight transfer, preserving mode, gradients, autocast."""
+"""Differential attention: the three variants, conversion of every block, exact weight transfer, gradients, autocast,
+float64, the deprecated mode names."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from timm.layers import Attention  # noqa: E402
 
 from monai_vce.networks.backbone import TINY_TIMM_MODEL_NAME  # noqa: E402
 from monai_vce.networks.diff_attention import (  # noqa: E402
+    ATTENTION_VARIANTS,
     DifferentialAttention,
     convert_to_diff_attention,
     lambda_init_for_depth,
@@ -46,7 +48,7 @@ def test_convert_every_block_keeps_pretrained_modules():
     model = _tiny_vit()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     originals = [(blk.attn.qkv, blk.attn.proj) for blk in model.blocks]
-    converted = convert_to_diff_attention(model, mode="paper")
+    converted = convert_to_diff_attention(model, variant="diff_transformer")
     assert converted == list(range(len(model.blocks))) == [0, 1]
     for i, blk in enumerate(model.blocks):
         assert isinstance(blk.attn, DifferentialAttention)
@@ -81,11 +83,11 @@ def test_convert_selected_blocks_and_errors():
 def test_a1_a2_are_the_pretrained_head_maps(impl):
     model = _tiny_vit()
     original = copy.deepcopy(model)
-    convert_to_diff_attention(model, mode="paper", attn_impl=impl)
+    convert_to_diff_attention(model, variant="diff_transformer", attn_impl=impl)
     torch.manual_seed(1)
     x = torch.randn(2, 17, 64)
     with torch.no_grad():
-        for blk, ref_blk in zip(model.blocks, original.blocks):
+        for blk, ref_blk in zip(model.blocks, original.blocks, strict=True):
             attn = blk.attn
             attn.sub_norm.weight.uniform_(0.5, 1.5)  # a non-trivial learned norm weight
             ref_maps, ref_v = _reference_maps(ref_blk.attn, x)
@@ -94,7 +96,7 @@ def test_a1_a2_are_the_pretrained_head_maps(impl):
             for j in range(2):
                 torch.testing.assert_close(maps[:, j, 0], ref_maps[:, 2 * j], atol=1e-6, rtol=0)
                 torch.testing.assert_close(maps[:, j, 1], ref_maps[:, 2 * j + 1], atol=1e-6, rtol=0)
-            # the fused forward is the paper's formula on these maps and the pretrained values / projection
+            # the fused forward is Ye et al.'s formula on these maps and the pretrained values / projection
             heads = []
             for j in range(2):
                 value = torch.cat((ref_v[:, 2 * j], ref_v[:, 2 * j + 1]), dim=-1)
@@ -109,23 +111,24 @@ def test_a1_a2_are_the_pretrained_head_maps(impl):
 def test_preserving_mode_is_exact_at_init(impl):
     model = _tiny_vit()
     original = copy.deepcopy(model)
-    convert_to_diff_attention(model, mode="preserving", attn_impl=impl)
+    convert_to_diff_attention(model, variant="preserving", attn_impl=impl)
     x = torch.randn(3, 3, 64, 64)
     with torch.no_grad():
         for blk in model.blocks:
             assert blk.attn.lambda_value().item() == 0.0
             assert not any(n.startswith("sub_norm") for n, _ in blk.attn.named_parameters())
         torch.testing.assert_close(model(x), original(x), atol=1e-5, rtol=0)
-        # the paper layout does change the function: the check above can fail
-        paper = copy.deepcopy(original)
-        convert_to_diff_attention(paper, mode="paper", attn_impl=impl)
-        assert (paper(x) - original(x)).abs().max() > 1e-2
+        # the paired variants do change the function: the check above can fail
+        for variant in ("paper", "diff_transformer"):
+            paired = copy.deepcopy(original)
+            convert_to_diff_attention(paired, variant=variant, attn_impl=impl)
+            assert (paired(x) - original(x)).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_preserving_mode_formula_when_lambda_moves(impl):
     attn = Attention(64, num_heads=4, qkv_bias=True).eval()
-    diff = DifferentialAttention.from_attention(attn, mode="preserving", attn_impl=impl).eval()
+    diff = DifferentialAttention.from_attention(attn, variant="preserving", attn_impl=impl).eval()
     with torch.no_grad():
         diff.lambda_q1.add_(0.5)
         x = torch.randn(2, 9, 64)
@@ -137,11 +140,11 @@ def test_preserving_mode_formula_when_lambda_moves(impl):
         torch.testing.assert_close(diff(x), attn.proj(out), atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("mode", ("paper", "preserving"))
+@pytest.mark.parametrize("variant", ATTENTION_VARIANTS)
 @pytest.mark.parametrize("impl", IMPLS)
-def test_gradients_reach_lambda(mode, impl):
+def test_gradients_reach_lambda(variant, impl):
     model = _tiny_vit()
-    convert_to_diff_attention(model, mode=mode, attn_impl=impl)
+    convert_to_diff_attention(model, variant=variant, attn_impl=impl)
     model.train()
     out = model(torch.randn(2, 3, 64, 64))
     (out**2).mean().backward()
@@ -151,20 +154,20 @@ def test_gradients_reach_lambda(mode, impl):
             assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0, name
 
 
-@pytest.mark.parametrize("mode", ("paper", "preserving"))
+@pytest.mark.parametrize("variant", ATTENTION_VARIANTS)
 @pytest.mark.parametrize("impl", IMPLS)
-def test_bf16_autocast_cpu(mode, impl):
+def test_bf16_autocast_cpu(variant, impl):
     model = _tiny_vit()
-    convert_to_diff_attention(model, mode=mode, attn_impl=impl)
+    convert_to_diff_attention(model, variant=variant, attn_impl=impl)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(torch.rand(2, 3, 64, 64))
     assert out.shape == (2, 64) and torch.isfinite(out.float()).all()
 
 
-@pytest.mark.parametrize("mode", ("paper", "preserving"))
-def test_implementations_agree_with_mask_and_dropout_off(mode):
+@pytest.mark.parametrize("variant", ATTENTION_VARIANTS)
+def test_implementations_agree_with_mask_and_dropout_off(variant):
     attn = Attention(64, num_heads=4, qkv_bias=True).eval()
-    a = DifferentialAttention.from_attention(attn, mode=mode, attn_impl="sdpa")
+    a = DifferentialAttention.from_attention(attn, variant=variant, attn_impl="sdpa")
     b = copy.deepcopy(a)
     b.attn_impl = "explicit"
     with torch.no_grad():
@@ -207,11 +210,15 @@ def test_sub_norm_off_and_schedules():
         resolve_lambda_init(1.2, 1)
     with pytest.raises(ValueError, match="mode"):
         DifferentialAttention(64, 2, mode="other")
+    with pytest.raises(ValueError, match="variant"):
+        DifferentialAttention(64, 2, variant="ye")
+    with pytest.raises(ValueError, match="once"):
+        DifferentialAttention(64, 2, variant="paper", mode="paper")
 
 
 def test_lambda_vectors_initialisation():
     torch.manual_seed(0)
-    diff = DifferentialAttention(768, num_heads=6, depth=4)
+    diff = DifferentialAttention(768, num_heads=6, depth=4, variant="diff_transformer")
     vectors = torch.cat([getattr(diff, n).detach() for n in sorted(NEW_PARAMS)])
     assert vectors.shape == (4 * 64,)
     assert 0.08 < vectors.std().item() < 0.12  # N(0, 0.1)
@@ -219,7 +226,7 @@ def test_lambda_vectors_initialisation():
         (diff.lambda_q2 * diff.lambda_k2).sum().item()
     )
     assert diff.lambda_value().item() == pytest.approx(expected + lambda_init_for_depth(4), abs=1e-6)
-    preserving = DifferentialAttention(768, num_heads=6, depth=4, mode="preserving")
+    preserving = DifferentialAttention(768, num_heads=6, depth=4, variant="preserving")
     assert preserving.lambda_value().item() == 0.0 and preserving.lambda_q1.abs().sum() > 0
     assert torch.equal(preserving.lambda_q1, preserving.lambda_q2)
     assert F.mse_loss(diff.lambda_q1, diff.lambda_q2) > 0
@@ -238,10 +245,10 @@ def _counting_sdpa(monkeypatch) -> list[tuple[int, int, int]]:
     return calls
 
 
-@pytest.mark.parametrize("mode", ("paper", "preserving"))
-def test_sdpa_path_calls_sdpa_and_matches_explicit_reference(mode, monkeypatch):
+@pytest.mark.parametrize("variant", ATTENTION_VARIANTS)
+def test_sdpa_path_calls_sdpa_and_matches_explicit_reference(variant, monkeypatch):
     model = _tiny_vit()
-    convert_to_diff_attention(model, mode=mode)  # default attn_impl: SDPA on CPU too
+    convert_to_diff_attention(model, variant=variant)  # default attn_impl: SDPA on CPU too
     with torch.no_grad():
         for blk in model.blocks:
             blk.attn.lambda_q1.add_(0.4)  # lambda away from its initial value (0 in preserving mode)
@@ -293,10 +300,10 @@ def test_timm_fused_switch_off_uses_explicit_path(monkeypatch):
     torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("mode", ("paper", "preserving"))
-def test_per_head_masks_match_explicit_reference(mode):
+@pytest.mark.parametrize("variant", ATTENTION_VARIANTS)
+def test_per_head_masks_match_explicit_reference(variant):
     attn = Attention(64, num_heads=4, qkv_bias=True).eval()
-    a = DifferentialAttention.from_attention(attn, mode=mode, attn_impl="sdpa")
+    a = DifferentialAttention.from_attention(attn, variant=variant, attn_impl="sdpa")
     b = copy.deepcopy(a)
     b.attn_impl = "explicit"
     torch.manual_seed(3)
@@ -309,3 +316,70 @@ def test_per_head_masks_match_explicit_reference(mode):
             torch.testing.assert_close(a(x, attn_mask=mask), b(x, attn_mask=mask), atol=1e-5, rtol=0)
         with pytest.raises(ValueError, match="attn_mask"):
             a(x, attn_mask=torch.zeros(1, 3, 6, 6))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_paper_variant_constant_lambda_init_without_sub_norm(impl):
+    """The paper's variant: lambda_init 0.8 in every block, no sub-norm, output (A1 - lambda A2) V, lambda =
+    exp(lq1 . lk1) - exp(lq2 . lk2) + 0.8."""
+    model = _tiny_vit()
+    original = copy.deepcopy(model)
+    convert_to_diff_attention(model, variant="paper", attn_impl=impl)
+    x = torch.randn(2, 13, 64)
+    for blk, ref_blk in zip(model.blocks, original.blocks, strict=True):
+        attn = blk.attn
+        assert attn.variant == "paper" and attn.lambda_init == 0.8 and attn.output_scale == 1.0
+        assert not attn.use_sub_norm and isinstance(attn.sub_norm, torch.nn.Identity)
+        assert {n for n, _ in attn.named_parameters()} - {n for n, _ in ref_blk.attn.named_parameters()} == NEW_PARAMS
+        with torch.no_grad():
+            lam = math.exp((attn.lambda_q1 * attn.lambda_k1).sum().item()) - math.exp(
+                (attn.lambda_q2 * attn.lambda_k2).sum().item()
+            )
+            assert attn.lambda_value().item() == pytest.approx(lam + 0.8, abs=1e-6)
+            maps, v = _reference_maps(ref_blk.attn, x)
+            heads = [
+                (maps[:, 2 * j] - (lam + 0.8) * maps[:, 2 * j + 1]) @ torch.cat((v[:, 2 * j], v[:, 2 * j + 1]), -1)
+                for j in range(2)
+            ]
+            torch.testing.assert_close(attn(x), ref_blk.attn.proj(torch.cat(heads, -1)), atol=1e-5, rtol=0)
+    # Ye et al.'s variant (the default): depth schedule and sub-norm
+    ye = _tiny_vit()
+    convert_to_diff_attention(ye)
+    assert [b.attn.lambda_init for b in ye.blocks] == pytest.approx([0.2, lambda_init_for_depth(1)])
+    assert all(b.attn.use_sub_norm for b in ye.blocks)
+
+
+def test_deprecated_mode_paper_is_the_diff_transformer_variant():
+    torch.manual_seed(0)
+    a = _tiny_vit()
+    torch.manual_seed(5)
+    with pytest.warns(DeprecationWarning, match="diff_transformer"):
+        convert_to_diff_attention(a, mode="paper")
+    b = _tiny_vit()
+    torch.manual_seed(5)
+    convert_to_diff_attention(b, variant="diff_transformer")
+    x = torch.rand(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(a(x), b(x), atol=0, rtol=0)
+    assert all(blk.attn.variant == "diff_transformer" for blk in a.blocks)
+    with pytest.warns(DeprecationWarning):
+        assert DifferentialAttention(64, 2, mode="preserving").variant == "preserving"
+
+
+@pytest.mark.parametrize("variant", ATTENTION_VARIANTS)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_float64(variant, impl):
+    """Double precision runs (the sub-norm reduces in float64) and agrees with the float32 module."""
+    attn = DifferentialAttention.from_attention(Attention(64, num_heads=4, qkv_bias=True).eval(), variant=variant)
+    attn.attn_impl = impl
+    with torch.no_grad():
+        attn.lambda_q1.add_(0.2)
+        x = torch.randn(2, 7, 64)
+        out32 = attn(x)
+        attn64 = copy.deepcopy(attn).double()
+        out64 = attn64(x.double())
+    assert out64.dtype == torch.float64
+    torch.testing.assert_close(out64.float(), out32, atol=1e-5, rtol=0)
+    x64 = x.double().requires_grad_(True)
+    attn64(x64).square().sum().backward()
+    assert x64.grad.dtype == torch.float64 and torch.isfinite(x64.grad).all()

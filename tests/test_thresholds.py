@@ -44,11 +44,12 @@ def test_classes_without_positives_get_default():
     p = np.array([[0.9, 0.2], [0.1, 0.3]])
     y = np.array([[1, 0], [0, 0]])
     t = optimize_thresholds(p, y, 0.1, 0.8)
-    assert t[1] == 0.8  # default: max_threshold
-    assert optimize_thresholds(p, y, 0.1, 0.8, default_threshold=0.5)[1] == 0.5
+    assert t[1] == 0.5  # default: the neutral 0.5, not an end of the range
+    assert optimize_thresholds(p, y, 0.1, 0.8, default_threshold=0.7)[1] == 0.7
+    assert optimize_thresholds(p, y, 0.6, 0.8)[1] == 0.6  # 0.5 clipped into the range
     # positives only below the range: no F1 > 0 reachable -> default
     t2 = optimize_thresholds([[0.01], [0.02], [0.5]], [[1], [1], [0]], 0.05, 0.95)
-    assert t2[0] == 0.95
+    assert t2[0] == 0.5
 
 
 def _f1(p, y, t):

@@ -13,7 +13,7 @@ from monai.utils import set_determinism
 from monai_vce.data import SqrtFrequencySampler
 from monai_vce.engines import MultiLabelMixUp, VCETrainer
 from monai_vce.handlers import EMAWeights
-from monai_vce.losses import AsymmetricFocalLoss
+from monai_vce.losses import AsymmetricFocalLoss, BinaryCrossEntropyLoss
 
 C = 5
 
@@ -162,6 +162,24 @@ def test_dual_path_loss_is_sum_with_weight():
         assert float(trainer.state.output["loss_con"]) == 0.0
 
 
+def test_paper_loss_focal_plus_weighted_bce_on_the_contrastive_path():
+    """L = ASL(cls) + 0.4 x BCE(con), both with the same positive weights (the paper's loss; 0.4 is the default)."""
+    items = _datalist(8)
+    pw = torch.linspace(1.0, 20.0, C)
+    focal, bce = AsymmetricFocalLoss(pos_weight=pw), BinaryCrossEntropyLoss(pos_weight=pw)
+    net = TinyNet()
+    trainer = _trainer(net, _loader(items), mixup_alpha=0.0, lr=0.0, loss_function=focal, contrastive_loss_function=bce)
+    assert trainer.contrastive_weight == 0.4
+    trainer.run()
+    out = trainer.state.output
+    with torch.no_grad():
+        cls, con = net.forward_paths(out["image"])
+    torch.testing.assert_close(out["loss_cls"], focal(cls, out["label"]))
+    torch.testing.assert_close(out["loss_con"], bce(con, out["label"]))
+    torch.testing.assert_close(out["loss"].detach(), focal(cls, out["label"]) + 0.4 * bce(con, out["label"]))
+    assert not torch.allclose(bce(con, out["label"]), focal(con, out["label"]))  # the two losses differ
+
+
 def test_swappable_loss_bce():
     trainer = _trainer(TinyNet(), _loader(_datalist(8)), loss_function=torch.nn.BCEWithLogitsLoss(), mixup_alpha=0.0)
     trainer.run()
@@ -252,19 +270,17 @@ def test_ema_equals_analytic_average(warmup):
     assert len(trajectory) == 6
     e = theta0
     for t, theta in enumerate(trajectory, start=1):
-        if warmup:  # ignite's linear warm-up of the momentum 1 - beta, from 1 - warmup_beta = 1
-            m = min(1.0, max(1 - beta, 1.0 + ((1 - beta) - 1.0) * (t - 1) / (warmup - 1)))
-        else:
-            m = 1 - beta
-        e = [(1 - m) * a + m * b for a, b in zip(e, theta)]
-    for a, b in zip(ema.ema_model.parameters(), e):
+        # ignite's linear warm-up of the momentum 1 - beta, from 1 - warmup_beta = 1
+        m = min(1.0, max(1 - beta, 1.0 + ((1 - beta) - 1.0) * (t - 1) / (warmup - 1))) if warmup else 1 - beta
+        e = [(1 - m) * a + m * b for a, b in zip(e, theta, strict=True)]
+    for a, b in zip(ema.ema_model.parameters(), e, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(next(ema.ema_model.parameters()), next(net.parameters()))
     assert trainer.state.ema_momentum == pytest.approx(1 - beta)
     # state dict round trip for checkpoints
     ema2 = EMAWeights(TinyNet(paths=False), beta=beta)
     ema2.load_state_dict(ema.state_dict())
-    for a, b in zip(ema2.ema_model.parameters(), ema.ema_model.parameters()):
+    for a, b in zip(ema2.ema_model.parameters(), ema.ema_model.parameters(), strict=True):
         assert torch.equal(a, b)
     with pytest.raises(ValueError):
         EMAWeights(net, beta=1.0)

@@ -78,8 +78,8 @@ def test_train_determinism_with_set_random_state(frames):
     xa = [a(f)["image"] for f in frames]
     xb = [b(f)["image"] for f in frames]
     xc = [c(f)["image"] for f in frames]
-    assert all(torch.equal(p, q) for p, q in zip(xa, xb))
-    assert not all(torch.equal(p, q) for p, q in zip(xa, xc))
+    assert all(torch.equal(p, q) for p, q in zip(xa, xb, strict=True))
+    assert not all(torch.equal(p, q) for p, q in zip(xa, xc, strict=True))
 
 
 def test_metadata_survives_collation(frames):
@@ -115,3 +115,93 @@ def test_hue_saturation_exact_properties():
 def test_bad_output_dtype():
     with pytest.raises(ValueError, match="output_dtype"):
         vce_val_transforms(output_dtype="float16")
+
+
+def _textured_frame(path, size=512, seed=0):
+    """A PNG with fine texture (where resizes with and without antialiasing differ) and smooth shading."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:size, 0:size] / size
+    base = np.stack([200 * xx, 150 * yy, 100 * (1 - xx)], axis=-1)
+    arr = np.clip(base + rng.integers(-40, 41, size=(size, size, 3)), 0, 255).astype(np.uint8)
+    Image.fromarray(arr).save(path)
+    return str(path)
+
+
+def test_one_resize_for_training_validation_and_inference(tmp_path):
+    """A training crop of the whole frame, validation and inference give the same bytes: one antialiased resize."""
+    from monai.bundle import ConfigParser
+
+    from monai_vce.data.frames import load_vce_frame, resize_frame
+
+    item = {"image": _textured_frame(tmp_path / "frame_000001.PNG"), "label": [0.0] * 17}
+    no_aug = dict(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_prob=0, rot90_prob=0, rotate_prob=0, color_prob=0)
+    no_aug.update(blur_prob=0, noise_prob=0, erase_prob=0)
+    train = vce_train_transforms(image_size=224, **no_aug).set_random_state(0)(item)["image"]
+    val = vce_val_transforms(image_size=224)(item)["image"]
+    # inference.json's preprocessing, built as the bundle builds it
+    parser = ConfigParser({"preprocessing": {"_target_": "monai_vce.data.vce_val_transforms", "image_size": 224}})
+    infer = parser.get_parsed_content("preprocessing")(item)["image"]
+    assert train.dtype == val.dtype == infer.dtype == torch.uint8
+    assert torch.equal(train, val) and torch.equal(val, infer)
+    full = load_vce_frame(item["image"], None)
+    assert torch.equal(val, resize_frame(full, 224))
+    # the resize is antialiased: a plain bilinear resize of this frame differs by several grey levels
+    plain = torch.nn.functional.interpolate(full[None].float(), size=(224, 224), mode="bilinear", antialias=False)
+    assert (plain[0] - val.float()).abs().mean() > 3.0
+
+
+def test_random_resized_crop_draws_like_torchvision():
+    """Area in scale x frame area, aspect ratio in range, inside the frame; reproducible from the random state."""
+    from monai_vce.data.transforms import RandResizedCropd
+
+    crop = RandResizedCropd(keys="x", image_size=16, scale=(0.7, 1.0), ratio=(3 / 4, 4 / 3)).set_random_state(3)
+    boxes = [crop.crop_box(120, 160) for _ in range(300)]
+    top, left, h, w = np.asarray(boxes).T
+    area = h * w / (120 * 160)
+    assert area.min() >= 0.7 - 0.02 and area.max() <= 1.0 + 1e-9
+    assert (w / h).min() >= 3 / 4 - 0.02 and (w / h).max() <= 4 / 3 + 0.02
+    assert (top >= 0).all() and (left >= 0).all() and (top + h <= 120).all() and (left + w <= 160).all()
+    assert len(set(boxes)) > 100  # not a fixed crop
+    again = RandResizedCropd(keys="x", image_size=16, scale=(0.7, 1.0)).set_random_state(3)
+    assert [again.crop_box(120, 160) for _ in range(300)] == boxes
+    img = torch.arange(3 * 120 * 160, dtype=torch.float32).reshape(3, 120, 160)
+    assert crop({"x": img})["x"].shape == (3, 16, 16)
+
+
+def test_random_erasing():
+    from monai_vce.data.transforms import RandErasingd
+
+    img = torch.full((3, 64, 64), 0.5)
+    areas = []
+    eraser = RandErasingd(keys="x", prob=1.0, scale=(0.02, 0.33), ratio=(0.3, 3.3)).set_random_state(0)
+    for _ in range(50):
+        out = eraser({"x": img})["x"]
+        zero = out == 0
+        assert zero.any() and torch.equal(zero[0], zero[1])  # one rectangle through all channels
+        assert (out[~zero] == 0.5).all()
+        areas.append(float(zero[0].float().mean()))
+    assert min(areas) >= 0.015 and max(areas) <= 0.34
+    assert torch.equal(RandErasingd(keys="x", prob=0.0)({"x": img})["x"], img)
+
+
+def test_paper_augmentation():
+    """The paper's augmentation (the paper preset's values): crop 0.7-1.0, flips, +-15 degrees, colour jitter,
+    random erasing; the defaults are the project preset's."""
+    from monai.transforms import RandAdjustContrastd, RandFlipd, RandGaussianNoised, RandRotate90d, RandRotated
+
+    from monai_vce.data.transforms import RandErasingd, RandResizedCropd
+
+    paper = dict(crop_scale=(0.7, 1.0), crop_ratio=(3 / 4, 4 / 3), rot90_prob=0.0, rotate_prob=1.0, rotate_degrees=15.0)
+    paper.update(gamma=None, shift=0.0, blur_prob=0.0, noise_prob=0.0, erase_prob=0.5)
+    t = vce_train_transforms(image_size=32, **paper).transforms
+    kinds = [type(x) for x in t]
+    crop = next(x for x in t if isinstance(x, RandResizedCropd))
+    assert crop.scale == (0.7, 1.0) and crop.ratio == pytest.approx((0.75, 4 / 3))
+    assert kinds.count(RandFlipd) == 2 and RandErasingd in kinds and RandHueSaturationd in kinds
+    rotate = next(x for x in t if isinstance(x, RandRotated))
+    assert rotate.rand_rotate.range_x == pytest.approx((-np.pi / 12, np.pi / 12)) and rotate.prob == 1.0
+    for absent in (RandRotate90d, RandAdjustContrastd, RandGaussianNoised):
+        assert absent not in kinds
+    # the defaults: the project preset's augmentation
+    project = [type(x) for x in vce_train_transforms(32).transforms]
+    assert {RandRotate90d, RandAdjustContrastd, RandGaussianNoised} <= set(project) and RandErasingd not in project

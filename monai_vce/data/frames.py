@@ -6,8 +6,10 @@ and resized *in the DataLoader worker*, in ``uint8``, and crosses the bus as ``u
 ``prepare_batch`` (:class:`VCEPrepareBatch`) or in the network; no CPU transform after the loader touches
 floats.
 
-Decoding uses ``torchvision.io.decode_png`` and the resize ``torchvision.transforms.v2.functional.resize``
-on the ``uint8`` tensor (bilinear, antialiased). Measured on one core of the project's CPU machine, per frame
+Decoding uses ``torchvision.io.decode_png`` and the resize :func:`resize_frame`
+(``torchvision.transforms.v2.functional.resize`` on the ``uint8`` tensor, bilinear, antialiased): the one resize of
+training (after the random crop, :class:`monai_vce.data.transforms.RandResizedCropd`), validation and inference, so
+that the network sees frames resized the same way in all three. Measured on one core of the project's CPU machine, per frame
 to 224 px: 1.4 ms for a 336 px PNG (PIL decode + the same resize 1.6 ms, PIL decode and resize 2.0 ms) and
 3.0-3.5 ms for a 512 px PNG (3.8-3.9 ms, 4.5 ms). ``Image.draft`` does not help: it only applies to JPEG.
 Where torchvision's decoders are unavailable (they are deprecated in favour of torchcodec), PIL takes over.
@@ -41,7 +43,7 @@ from monai.transforms import MapTransform, Transform
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
-__all__ = ["load_vce_frame", "LoadVCEFrame", "LoadVCEFramed", "VCEPrepareBatch", "reset_frame_warnings"]
+__all__ = ["load_vce_frame", "resize_frame", "LoadVCEFrame", "LoadVCEFramed", "VCEPrepareBatch", "reset_frame_warnings"]
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 JPEG_SIGNATURE = b"\xff\xd8\xff"
@@ -181,10 +183,23 @@ def load_vce_frame(
             raise ValueError(f"truncated or corrupted JPEG frame {path}: {_reason(e)}") from None
     else:
         raise ValueError(f"frame {path} is not a PNG file (first bytes {data[:8]!r})")
-    return _resize(_to_uint8(img), image_size, antialias)
+    return resize_frame(_to_uint8(img), image_size, antialias)
 
 
-def _resize(img: torch.Tensor, image_size: int | Sequence[int] | None, antialias: bool) -> torch.Tensor:
+def resize_frame(img: torch.Tensor, image_size: int | Sequence[int] | None, antialias: bool = True) -> torch.Tensor:
+    """Resize a channel-first frame (``uint8`` or float) with bilinear, antialiased interpolation.
+
+    The single resize of the frame pipelines: decoding for validation and inference, and the random resized crop
+    of training, so that a frame cropped to its full extent is resized exactly as in validation.
+
+    Args:
+        img: ``(C, H, W)`` tensor; ``uint8`` stays ``uint8`` (rounded by torchvision's kernel).
+        image_size: output size, an int for a square ``(S, S)`` frame or ``(H, W)``; ``None`` keeps the size.
+        antialias: antialiased bilinear resize (matters when shrinking 512 px frames to 224 px).
+
+    Returns:
+        The resized frame, contiguous (the input itself when the size already matches).
+    """
     if image_size is not None:
         size = [int(image_size)] * 2 if isinstance(image_size, int) else [int(s) for s in image_size]
         if list(img.shape[-2:]) != size:
@@ -209,7 +224,7 @@ class LoadVCEFrame(Transform):
     def __call__(self, path: str | os.PathLike | torch.Tensor | np.ndarray) -> torch.Tensor:
         if isinstance(path, (torch.Tensor, np.ndarray)):
             # already decoded (e.g. read from a FrameCacheDataset): only the size is brought in line
-            return _resize(torch.as_tensor(path), self.image_size, self.antialias)
+            return resize_frame(torch.as_tensor(path), self.image_size, self.antialias)
         return load_vce_frame(path, self.image_size, allow_jpeg=self.allow_jpeg, antialias=self.antialias)
 
 

@@ -13,7 +13,7 @@ for consumers that feed the network directly (MONAI Label, MONAI Deploy, TorchSc
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,18 +30,24 @@ from monai.transforms import (
     RandomizableTransform,
     RandRotate90d,
     RandRotated,
-    RandScaleCropd,
     RandScaleIntensityd,
     RandScaleIntensityFixedMeand,
     RandShiftIntensityd,
-    Resized,
     ScaleIntensityRanged,
 )
 from monai.utils import convert_to_dst_type, convert_to_tensor
+from torchvision.transforms.v2 import functional as TF
 
-from monai_vce.data.frames import LoadVCEFramed
+from monai_vce.data.frames import LoadVCEFramed, resize_frame
 
-__all__ = ["RandHueSaturationd", "vce_load_transforms", "vce_train_transforms", "vce_val_transforms"]
+__all__ = [
+    "RandErasingd",
+    "RandHueSaturationd",
+    "RandResizedCropd",
+    "vce_load_transforms",
+    "vce_train_transforms",
+    "vce_val_transforms",
+]
 
 _OUTPUT_DTYPES = ("uint8", "float32")
 
@@ -90,8 +96,8 @@ class RandHueSaturationd(RandomizableTransform, MapTransform):
         super().randomize(None)
         if not self._do_transform:
             return
-        theta = 2.0 * math.pi * self.R.uniform(*self.hue)
-        s = self.R.uniform(*self.saturation)
+        theta = 2.0 * math.pi * self.R.uniform(self.hue[0], self.hue[1])
+        s = self.R.uniform(self.saturation[0], self.saturation[1])
         c, sn = math.cos(theta), math.sin(theta)
         chroma = np.array([[1.0, 0.0, 0.0], [0.0, s * c, -s * sn], [0.0, s * sn, s * c]])
         self._matrix = _YIQ2RGB @ chroma @ _RGB2YIQ
@@ -112,6 +118,148 @@ class RandHueSaturationd(RandomizableTransform, MapTransform):
         return d
 
 
+def _pair(value: tuple[float, float] | Sequence[float], name: str, low: float = 0.0) -> tuple[float, float]:
+    a, b = (float(v) for v in value)
+    if not low <= a <= b:
+        raise ValueError(f"{name} must be (min, max) with {low} <= min <= max, got {tuple(value)}")
+    return a, b
+
+
+class RandResizedCropd(RandomizableTransform, MapTransform):
+    """Random resized crop of channel-first frames: torchvision's ``RandomResizedCrop`` draw, the project's resize.
+
+    A crop of ``scale`` (fraction of the frame's area) and ``ratio`` (width / height, drawn log-uniformly) is drawn
+    as ``torchvision.transforms.v2.RandomResizedCrop`` draws it (up to 10 tries, then the largest central crop of
+    an allowed aspect ratio), from this transform's random state (``set_random_state`` makes it reproducible),
+    then resized to ``image_size`` by :func:`monai_vce.data.frames.resize_frame`, the antialiased resize of
+    validation and inference. With probability ``1 - prob`` the whole frame is resized.
+
+    Args:
+        keys: keys of the ``(C, H, W)`` frames (``uint8`` or float).
+        image_size: side of the square output (or ``(H, W)``).
+        scale: range of the crop's area as a fraction of the frame's.
+        ratio: range of the crop's aspect ratio (width / height).
+        prob: probability of cropping.
+        allow_missing_keys: do not raise when a key is missing.
+    """
+
+    def __init__(
+        self,
+        keys: KeysCollection,
+        image_size: int | Sequence[int] = 224,
+        scale: tuple[float, float] | Sequence[float] = (0.7, 1.0),
+        ratio: tuple[float, float] | Sequence[float] = (3.0 / 4.0, 4.0 / 3.0),
+        prob: float = 1.0,
+        allow_missing_keys: bool = False,
+    ) -> None:
+        MapTransform.__init__(self, keys, allow_missing_keys)
+        RandomizableTransform.__init__(self, prob)
+        self.image_size = image_size
+        self.scale = _pair(scale, "scale")
+        self.ratio = _pair(ratio, "ratio", low=1e-6)
+        if self.scale[1] > 1.0 or self.scale[0] <= 0.0:
+            raise ValueError(f"scale must lie in (0, 1], got {self.scale}")
+        self._box: tuple[int, int, int, int] | None = None
+
+    def crop_box(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """Draw ``(top, left, crop_height, crop_width)`` for a ``height x width`` frame."""
+        area = height * width
+        log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
+        for _ in range(10):
+            target_area = area * self.R.uniform(self.scale[0], self.scale[1])
+            aspect = math.exp(self.R.uniform(log_ratio[0], log_ratio[1]))
+            w = round(math.sqrt(target_area * aspect))
+            h = round(math.sqrt(target_area / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                return int(self.R.randint(0, height - h + 1)), int(self.R.randint(0, width - w + 1)), h, w
+        in_ratio = width / height
+        if in_ratio < self.ratio[0]:
+            w, h = width, round(width / self.ratio[0])
+        elif in_ratio > self.ratio[1]:
+            h, w = height, round(height * self.ratio[1])
+        else:
+            h, w = height, width
+        return (height - h) // 2, (width - w) // 2, h, w
+
+    def randomize(self, data: Any = None) -> None:
+        super().randomize(None)
+        self._box = self.crop_box(*data) if self._do_transform and data is not None else None
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
+        d = dict(data)
+        first = next(self.key_iterator(d), None)
+        self.randomize(None if first is None else tuple(d[first].shape[-2:]))
+        for key in self.key_iterator(d):
+            img = convert_to_tensor(d[key], track_meta=False)
+            if self._box is not None:
+                top, left, h, w = self._box
+                img = img[..., top : top + h, left : left + w]
+            d[key] = resize_frame(img, self.image_size)
+        return d
+
+
+class RandErasingd(RandomizableTransform, MapTransform):
+    """Random erasing (Zhong et al., AAAI 2020) of channel-first images: one rectangle set to ``value``.
+
+    The rectangle is drawn as ``torchvision.transforms.v2.RandomErasing`` draws it (area ``scale`` of the image,
+    aspect ratio ``ratio`` log-uniform, up to 10 tries, else nothing is erased) from this transform's random state,
+    and erased with ``torchvision.transforms.v2.functional.erase``.
+
+    Args:
+        keys: keys of the ``(C, H, W)`` images.
+        prob: probability of erasing.
+        scale: range of the erased area as a fraction of the image's.
+        ratio: range of the rectangle's aspect ratio.
+        value: fill value (0: black, like the capsule's vignette).
+        allow_missing_keys: do not raise when a key is missing.
+    """
+
+    def __init__(
+        self,
+        keys: KeysCollection,
+        prob: float = 0.5,
+        scale: tuple[float, float] | Sequence[float] = (0.02, 0.33),
+        ratio: tuple[float, float] | Sequence[float] = (0.3, 3.3),
+        value: float = 0.0,
+        allow_missing_keys: bool = False,
+    ) -> None:
+        MapTransform.__init__(self, keys, allow_missing_keys)
+        RandomizableTransform.__init__(self, prob)
+        self.scale = _pair(scale, "scale")
+        self.ratio = _pair(ratio, "ratio", low=1e-6)
+        self.value = float(value)
+        self._box: tuple[int, int, int, int] | None = None
+
+    def randomize(self, data: Any = None) -> None:
+        super().randomize(None)
+        self._box = None
+        if not self._do_transform or data is None:
+            return
+        height, width = data
+        log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
+        for _ in range(10):
+            erase_area = height * width * self.R.uniform(self.scale[0], self.scale[1])
+            aspect = math.exp(self.R.uniform(log_ratio[0], log_ratio[1]))
+            h = round(math.sqrt(erase_area * aspect))
+            w = round(math.sqrt(erase_area / aspect))
+            if 0 < h < height and 0 < w < width:
+                self._box = (int(self.R.randint(0, height - h + 1)), int(self.R.randint(0, width - w + 1)), h, w)
+                return
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
+        d = dict(data)
+        first = next(self.key_iterator(d), None)
+        self.randomize(None if first is None else tuple(d[first].shape[-2:]))
+        if self._box is None:
+            return d
+        top, left, h, w = self._box
+        for key in self.key_iterator(d):
+            img = convert_to_tensor(d[key], track_meta=False)
+            fill = torch.tensor(self.value, dtype=img.dtype)
+            d[key] = convert_to_dst_type(TF.erase(img, top, left, h, w, fill), d[key])[0]
+        return d
+
+
 def _check_output_dtype(output_dtype: str) -> None:
     if output_dtype not in _OUTPUT_DTYPES:
         raise ValueError(f"output_dtype must be one of {_OUTPUT_DTYPES}, got {output_dtype!r}")
@@ -120,8 +268,9 @@ def _check_output_dtype(output_dtype: str) -> None:
 def vce_load_transforms(image_size: int | None = 224, image_key: str = "image") -> list:
     """Decode a frame file to a ``uint8`` (3, H, W) RGB tensor resized to ``image_size`` (``None``: keep the size).
 
-    Decoding is :class:`monai_vce.data.LoadVCEFramed` (checked PNG decoding, antialiased ``uint8`` resize),
-    so training, validation and inference see frames decoded the same way.
+    Decoding is :class:`monai_vce.data.LoadVCEFramed` (checked PNG decoding, the antialiased ``uint8`` resize of
+    :func:`monai_vce.data.frames.resize_frame`), so training, validation and inference see frames decoded and
+    resized the same way.
     """
     return [LoadVCEFramed(keys=image_key, image_size=image_size)]
 
@@ -176,52 +325,71 @@ def vce_val_transforms(
 def vce_train_transforms(
     image_size: int = 224,
     output_dtype: str = "uint8",
-    crop_scale: tuple[float, float] = (0.7, 1.0),
+    crop_scale: tuple[float, float] = (0.49, 1.0),
+    crop_ratio: tuple[float, float] = (0.7, 1.43),
     flip_prob: float = 0.5,
     rot90_prob: float = 0.5,
     rotate_prob: float = 0.5,
+    rotate_degrees: float = 180.0,
     brightness: float = 0.2,
     contrast: float = 0.2,
-    gamma: tuple[float, float] = (0.8, 1.25),
-    shift: float = 0.05,
-    hue: float = 0.03,
     saturation: float = 0.2,
+    hue: float = 0.03,
+    gamma: tuple[float, float] | None = (0.8, 1.25),
+    shift: float = 0.05,
     color_prob: float = 0.5,
     blur_prob: float = 0.2,
     blur_sigma: tuple[float, float] = (0.1, 1.0),
     noise_prob: float = 0.2,
     noise_std: float = 0.02,
+    erase_prob: float = 0.0,
+    erase_scale: tuple[float, float] = (0.02, 0.33),
+    erase_ratio: tuple[float, float] = (0.3, 3.3),
     image_key: str = "image",
     label_key: str = "label",
 ) -> Compose:
-    """Strong augmentation for capsule frames (orientation is arbitrary inside the capsule).
+    """Training augmentation for capsule frames; the defaults are the bundle's default (``project``) recipe's.
 
-    In order: decode; random resized crop (``RandScaleCropd`` with each side in ``crop_scale`` of the frame,
-    independently, so the aspect ratio varies too, then ``Resized`` to ``image_size``); scale to [0, 1];
-    flips along both axes, 90-degree rotations and a free rotation in [-pi, pi] (corners filled with black,
-    like the capsule's own vignette); brightness (``RandScaleIntensityd``), contrast about the mean
-    (``RandScaleIntensityFixedMeand``), gamma (``RandAdjustContrastd``), brightness shift
-    (``RandShiftIntensityd``), hue and saturation (:class:`RandHueSaturationd`); Gaussian blur and noise;
-    clip and cast. Call ``set_random_state(seed)`` on the result for a reproducible stream.
+    In order: decode at full size; random resized crop (:class:`RandResizedCropd`: area ``crop_scale``, aspect
+    ``crop_ratio``) resized to ``image_size`` by the antialiased resize of validation and inference; scale to
+    [0, 1]; flips along both axes (``flip_prob`` each); rotations by 90, 180 or 270 degrees (``rot90_prob``); a
+    free rotation in ``[-rotate_degrees, rotate_degrees]`` (``rotate_prob``; corners filled with black, like the
+    capsule's own vignette); colour jitter, each with probability ``color_prob``: brightness
+    (``RandScaleIntensityd``), contrast about the mean (``RandScaleIntensityFixedMeand``), hue and saturation
+    (:class:`RandHueSaturationd`), and where set, gamma (``RandAdjustContrastd``) and a brightness shift
+    (``RandShiftIntensityd``); Gaussian blur and noise (``blur_prob``, ``noise_prob``); random erasing
+    (:class:`RandErasingd`, ``erase_prob``); clip and cast. A probability of 0 leaves its transform out. Call
+    ``set_random_state(seed)`` on the result for a reproducible stream.
+
+    The defaults (the ``project`` preset): crop area 0.49-1.0 and aspect 0.7-1.43, flips, 90-degree and free
+    rotations, colour jitter with gamma and shift, blur and noise, no erasing. The paper's augmentation (the
+    ``paper`` preset): ``crop_scale=(0.7, 1.0), crop_ratio=(3/4, 4/3), rot90_prob=0, rotate_prob=1,
+    rotate_degrees=15, gamma=None, shift=0, blur_prob=0, noise_prob=0, erase_prob=0.5``: random resized crop of area
+    0.7-1.0, colour jitter, horizontal and vertical flips, rotation +-15 degrees, random erasing.
 
     Args:
         image_size: side of the square output image.
         output_dtype: ``"uint8"`` or ``"float32"`` (see :func:`vce_val_transforms`).
-        crop_scale: range of the crop side as a fraction of the frame side.
+        crop_scale: range of the crop's area as a fraction of the frame's area.
+        crop_ratio: range of the crop's aspect ratio (width / height).
         flip_prob: probability of each of the two flips.
         rot90_prob: probability of a rotation by 90, 180 or 270 degrees.
         rotate_prob: probability of a free rotation.
+        rotate_degrees: largest free rotation angle, in degrees.
         brightness: multiplicative brightness jitter ``1 +- brightness``.
         contrast: contrast jitter about the image mean ``1 +- contrast``.
-        gamma: gamma range.
-        shift: additive brightness jitter ``+- shift`` (images in [0, 1]).
-        hue: hue rotation ``+- hue`` turns.
         saturation: saturation jitter ``1 +- saturation``.
+        hue: hue rotation ``+- hue`` turns.
+        gamma: gamma range, or None for no gamma jitter.
+        shift: additive brightness jitter ``+- shift`` (images in [0, 1]); 0 for none.
         color_prob: probability of each colour/intensity jitter.
         blur_prob: probability of a Gaussian blur.
         blur_sigma: blur sigma range in pixels.
         noise_prob: probability of Gaussian noise.
         noise_std: maximum noise standard deviation (drawn in [0, noise_std]).
+        erase_prob: probability of random erasing.
+        erase_scale: range of the erased area as a fraction of the image's.
+        erase_ratio: range of the erased rectangle's aspect ratio.
         image_key: key of the image path.
         label_key: key of the label values.
 
@@ -231,22 +399,37 @@ def vce_train_transforms(
     _check_output_dtype(output_dtype)
     k = image_key
     xforms = vce_load_transforms(None, image_key=k)
+    # crop from the full-size frame, then the one resize: sharper than cropping an already resized frame
     xforms += [
-        # crop from the full-size frame, then one resize: sharper than cropping an already resized frame
-        RandScaleCropd(keys=k, roi_scale=crop_scale[0], max_roi_scale=crop_scale[1], random_size=True),
-        Resized(keys=k, spatial_size=(image_size, image_size), mode="bilinear", align_corners=False),
+        RandResizedCropd(keys=k, image_size=image_size, scale=crop_scale, ratio=crop_ratio),
         ScaleIntensityRanged(keys=k, a_min=0.0, a_max=255.0, b_min=0.0, b_max=1.0, clip=True),
-        RandFlipd(keys=k, prob=flip_prob, spatial_axis=0),
-        RandFlipd(keys=k, prob=flip_prob, spatial_axis=1),
-        RandRotate90d(keys=k, prob=rot90_prob, max_k=3),
-        RandRotated(keys=k, range_x=math.pi, prob=rotate_prob, keep_size=True, padding_mode="zeros"),
-        RandScaleIntensityd(keys=k, factors=brightness, prob=color_prob),
-        RandScaleIntensityFixedMeand(keys=k, factors=contrast, prob=color_prob),
-        RandAdjustContrastd(keys=k, gamma=gamma, prob=color_prob),
-        RandShiftIntensityd(keys=k, offsets=shift, prob=color_prob),
-        RandHueSaturationd(keys=k, hue=hue, saturation=saturation, prob=color_prob),
-        RandGaussianSmoothd(keys=k, sigma_x=blur_sigma, sigma_y=blur_sigma, prob=blur_prob),
-        RandGaussianNoised(keys=k, std=noise_std, prob=noise_prob),
     ]
+    if flip_prob > 0:
+        xforms += [RandFlipd(keys=k, prob=flip_prob, spatial_axis=0), RandFlipd(keys=k, prob=flip_prob, spatial_axis=1)]
+    if rot90_prob > 0:
+        xforms.append(RandRotate90d(keys=k, prob=rot90_prob, max_k=3))
+    if rotate_prob > 0 and rotate_degrees > 0:
+        xforms.append(
+            RandRotated(
+                keys=k, range_x=math.radians(rotate_degrees), prob=rotate_prob, keep_size=True, padding_mode="zeros"
+            )
+        )
+    if color_prob > 0:
+        if brightness > 0:
+            xforms.append(RandScaleIntensityd(keys=k, factors=brightness, prob=color_prob))
+        if contrast > 0:
+            xforms.append(RandScaleIntensityFixedMeand(keys=k, factors=contrast, prob=color_prob))
+        if gamma is not None:
+            xforms.append(RandAdjustContrastd(keys=k, gamma=gamma, prob=color_prob))
+        if shift > 0:
+            xforms.append(RandShiftIntensityd(keys=k, offsets=shift, prob=color_prob))
+        if hue > 0 or saturation > 0:
+            xforms.append(RandHueSaturationd(keys=k, hue=hue, saturation=saturation, prob=color_prob))
+    if blur_prob > 0:
+        xforms.append(RandGaussianSmoothd(keys=k, sigma_x=blur_sigma, sigma_y=blur_sigma, prob=blur_prob))
+    if noise_prob > 0:
+        xforms.append(RandGaussianNoised(keys=k, std=noise_std, prob=noise_prob))
+    if erase_prob > 0:
+        xforms.append(RandErasingd(keys=k, prob=erase_prob, scale=erase_scale, ratio=erase_ratio))
     xforms += _finalise(k, label_key, output_dtype, 1.0)
     return Compose(xforms)

@@ -120,8 +120,11 @@ class VCETrainer(SupervisedTrainer):
     3. Forward under ``torch.autocast(device.type, dtype=amp_dtype)`` when ``amp``: when the network has
        ``forward_paths`` and ``contrastive_weight > 0``, the inferer runs ``forward_paths`` and returns the
        classification and contrastive logits, else it runs the network's ``forward`` (classification only).
-    4. Loss: ``loss_function(cls_logits, y) + contrastive_weight * loss_function(con_logits, y)`` (each
-       reduced with ``.mean()``; the second term only when the network returns contrastive logits).
+    4. Loss: ``loss_function(cls_logits, y) + contrastive_weight * contrastive_loss_function(con_logits, y)``
+       (each reduced with ``.mean()``; the second term only when the network returns contrastive logits;
+       ``contrastive_loss_function`` defaults to ``loss_function``). The paper's recipe: the asymmetric focal
+       loss on the classification logits plus 0.4 x binary cross-entropy on the contrastive logits, both with
+       the class-frequency positive weights.
     5. A non-finite loss raises ``FloatingPointError`` naming the epoch and iteration, *before* the backward
        pass and the optimizer step, so the weights stay those of the last finite iteration and training stops
        (a ``CheckpointSaver`` keeps the last good checkpoint).
@@ -144,7 +147,10 @@ class VCETrainer(SupervisedTrainer):
         prepare_batch: default :class:`monai_vce.data.VCEPrepareBatch` (``uint8`` -> float on the device).
         mixup_alpha: Beta(alpha, alpha) mixup parameter; ``0`` disables mixup.
         mixup_prob: probability that a batch is mixed.
-        contrastive_weight: weight of the contrastive path's loss; ``0`` trains the classification path only.
+        contrastive_weight: weight of the contrastive path's loss (the paper's 0.4); ``0`` trains the
+            classification path only.
+        contrastive_loss_function: loss of the contrastive logits, e.g.
+            :class:`monai_vce.losses.BinaryCrossEntropyLoss`; None uses ``loss_function``.
         grad_clip_norm: clip the global gradient norm to this value; ``None`` disables clipping.
         amp_dtype: autocast dtype when ``amp`` is on, ``"float16"`` or ``"bfloat16"``.
         check_finite_loss: raise on a non-finite loss (one host sync per iteration).
@@ -180,7 +186,8 @@ class VCETrainer(SupervisedTrainer):
         accumulation_steps: int = 1,
         mixup_alpha: float = 0.3,
         mixup_prob: float = 1.0,
-        contrastive_weight: float = 1.0,
+        contrastive_weight: float = 0.4,
+        contrastive_loss_function: Callable | None = None,
         grad_clip_norm: float | None = None,
         amp_dtype: str | torch.dtype = "float16",
         check_finite_loss: bool = True,
@@ -223,6 +230,9 @@ class VCETrainer(SupervisedTrainer):
         )
         self.mixup = MultiLabelMixUp(alpha=mixup_alpha, prob=mixup_prob)
         self.contrastive_weight = float(contrastive_weight)
+        self.contrastive_loss_function = (
+            loss_function if contrastive_loss_function is None else contrastive_loss_function
+        )
         self.grad_clip_norm = grad_clip_norm
         self.amp_dtype: torch.dtype = amp_dtype
         self.check_finite_loss = bool(check_finite_loss)
@@ -304,7 +314,7 @@ class VCETrainer(SupervisedTrainer):
             engine.fire_event(IterationEvents.FORWARD_COMPLETED)
             loss_cls = engine.loss_function(cls_logits, targets).mean()
             if con_logits is not None:
-                loss_con = engine.loss_function(con_logits, targets).mean()
+                loss_con = engine.contrastive_loss_function(con_logits, targets).mean()
                 loss = loss_cls + engine.contrastive_weight * loss_con
             else:
                 loss_con = torch.zeros_like(loss_cls)

@@ -45,7 +45,8 @@ class ThresholdOptimizationHandler:
         output_path: the thresholds JSON to write (e.g. ``models/thresholds.json``); ``None`` writes nothing.
         min_threshold: lowest allowed threshold.
         max_threshold: highest allowed threshold.
-        default_threshold: threshold of classes without any usable positive; ``None``: ``max_threshold``.
+        default_threshold: threshold of classes without any usable positive; ``None``: 0.5 clipped into the range
+            (:data:`monai_vce.postprocessing.thresholds.DEFAULT_THRESHOLD`).
         output_transform: maps ``engine.state.output`` to ``(probs, targets)``, batched tensors or lists of
             per-item tensors (decollated output); default ``from_engine(["pred", "label"])``.
         activation: ``None`` when the output holds probabilities, ``"sigmoid"`` when it holds logits.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from .asymmetric_focal import AsymmetricFocalLoss
+from .asymmetric_focal import AsymmetricFocalLoss, BinaryCrossEntropyLoss
+from .weights import class_positive_weights
 
-__all__ = ["AsymmetricFocalLoss"]
+__all__ = ["AsymmetricFocalLoss", "BinaryCrossEntropyLoss", "class_positive_weights"]

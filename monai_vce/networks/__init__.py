@@ -21,6 +21,7 @@ from .backbone import (
 )
 from .classifier import FUSION_MODES, DiffAttnCLIPClassifier
 from .diff_attention import (
+    ATTENTION_VARIANTS,
     CONVERSION_MODES,
     DifferentialAttention,
     convert_to_diff_attention,
@@ -44,6 +45,7 @@ __all__ = [
     "save_tiny_local_dir",
     "FUSION_MODES",
     "DiffAttnCLIPClassifier",
+    "ATTENTION_VARIANTS",
     "CONVERSION_MODES",
     "DifferentialAttention",
     "convert_to_diff_attention",

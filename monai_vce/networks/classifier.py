@@ -7,7 +7,8 @@ import os
 import re
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
@@ -16,11 +17,11 @@ from monai_vce.labels import LABELS, NUM_LABELS
 
 from .backbone import BIOMEDCLIP_HUB_ID, build_image_tower
 from .diff_attention import (
-    CONVERSION_MODES,
     DifferentialAttention,
     LambdaInit,
     convert_to_diff_attention,
     find_vit_blocks,
+    resolve_variant,
 )
 from .heads import DEFAULT_LOGIT_SCALE, SEGatedClassifierHead, TextContrastiveHead
 
@@ -40,8 +41,18 @@ _BLOCK_RE = re.compile(r"^visual\.(?:trunk\.blocks|transformer\.resblocks)\.(\d+
 _NO_DECAY_NAMES = ("pos_embed", "cls_token", "reg_token", "positional_embedding", "class_embedding", "logit_scale")
 
 
+def _drop_unused_contrastive_state(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """Load hook: ignore a checkpoint's contrastive-path entries when the network has no contrastive path."""
+    if getattr(module, "contrastive_head", None) is None:
+        for key in [k for k in state_dict if k.startswith(f"{prefix}contrastive_head.")]:
+            del state_dict[key]
+
+
 class DiffAttnCLIPClassifier(nn.Module):
     """BiomedCLIP image tower with differential attention, an SE-gated classifier and a text-contrastive path.
+
+    The defaults build the network of the bundle's default recipe (``project``); the paper's network is
+    ``attention_variant="paper", se_reduction=16, head_batch_norm=True, dropout=0.4`` (``bundle/configs/paper.json``).
 
     Input: float RGB images in [0, 1], shape (B, 3, H, W) with H = W = ``image_size``; the CLIP mean/std
     normalisation happens inside (buffers). :meth:`forward` returns one float32 tensor of raw logits (B, num_classes)
@@ -51,9 +62,13 @@ class DiffAttnCLIPClassifier(nn.Module):
     Paths:
         * classification: image features -> :class:`~monai_vce.networks.heads.SEGatedClassifierHead` -> logits.
         * contrastive: normalised image features x frozen normalised text embeddings of the label prompts
-          (:mod:`monai_vce.text_embeddings`) x a learnable logit scale
-          (:class:`~monai_vce.networks.heads.TextContrastiveHead`). Off, with one warning, when no text-embedding
-          file is given.
+          (:mod:`monai_vce.text_embeddings`) x a learnable logit scale clamped at ``max_logit_scale``
+          (:class:`~monai_vce.networks.heads.TextContrastiveHead`). The embeddings come from a file; when the file
+          does not exist and ``text_model`` is given, they are computed once with that CLIP model's text tower and
+          saved to the file. Off, with one warning naming the reason, when no embeddings are available.
+
+    The contrastive path is a training aid: a checkpoint trained with it loads into a network built without it
+    (inference builds none), its ``contrastive_head.*`` entries being ignored.
 
     Args:
         backbone: ``"hf-hub:org/repo"``, ``"local-dir:/folder"``, a checkpoint file or a registered model name (see
@@ -62,19 +77,31 @@ class DiffAttnCLIPClassifier(nn.Module):
             BiomedCLIP's).
         pretrained: True loads the backbone's weights, False builds it with random weights, a path loads that file.
         attention: ``"diff"`` converts the ViT attention to differential attention, ``"plain"`` keeps it.
-        conversion_mode: ``"paper"`` (the paper's layout, new function at step 0) or ``"preserving"`` (computes the
-            pretrained network exactly at initialisation); see :mod:`monai_vce.networks.diff_attention`.
-        lambda_init_schedule: ``"depth"`` (``0.8 - 0.6 exp(-0.3 d)``), ``"constant"`` (0.8) or a number; paper mode.
+        attention_variant: ``"paper"`` (the paper's: constant lambda_init 0.8, no sub-norm), ``"diff_transformer"``
+            (Ye et al. 2024: depth schedule of lambda_init and sub-norm; the default, as in the bundle's default
+            recipe) or ``"preserving"`` (computes the pretrained network exactly at initialisation); see
+            :mod:`monai_vce.networks.diff_attention`.
+        conversion_mode: deprecated: ``"paper"`` is the ``"diff_transformer"`` variant, ``"preserving"`` the
+            ``"preserving"`` one (a ``DeprecationWarning``; removed in the next release).
+        lambda_init_schedule: ``"depth"`` (``0.8 - 0.6 exp(-0.3 d)``), ``"constant"`` (0.8) or a number; None takes
+            the variant's.
         diff_blocks: indices of the blocks to convert; None converts every block.
-        subln: per-head RMS norm and ``1 - lambda_init`` scale after the differential attention (paper mode).
+        subln: per-head RMS norm and ``1 - lambda_init`` scale after the differential attention; None takes the
+            variant's (on for ``"diff_transformer"`` only).
         attn_impl: ``"auto"`` (SDPA unless timm's fused-attention switch is off), ``"sdpa"`` or ``"explicit"``
             (the reference path that returns the attention maps).
         num_classes: number of logits (17 RARE-VISION labels).
-        dropout: dropout before the classification layer.
-        se_reduction: reduction ratio of the excitation gate.
+        dropout: dropout before the classification layer (the paper's: 0.4).
+        se_reduction: reduction ratio of the excitation gate (the paper's: 16).
+        head_batch_norm: BatchNorm over the gated features before the dropout (the paper's head has it).
         text_embeddings: a ``.pt`` file of label-prompt embeddings (``python -m monai_vce.text_embeddings``), a
             (num_classes, embed_dim) tensor, or None (contrastive path off).
-        contrastive: enable the contrastive path when text embeddings are given.
+        text_model: the CLIP model (``hf-hub:`` id, ``local-dir:`` folder or checkpoint file) whose text tower
+            computes the embeddings when the ``text_embeddings`` file does not exist yet (BiomedCLIP's needs the
+            ``transformers`` package); None: a missing file is an error.
+        text_model_name: open_clip config of a checkpoint-file ``text_model``.
+        contrastive: enable the contrastive path when text embeddings are available.
+        max_logit_scale: upper clamp of the contrastive path's scale ``exp(tau)`` (the paper's 100).
         fusion: what :meth:`forward` returns: ``"classification"`` (the classification logits; default) or
             ``"mean"`` (mean of the classification and contrastive logits when the contrastive path is on).
         freeze_backbone: freeze every pretrained weight of the image tower (linear probing); the new
@@ -89,7 +116,7 @@ class DiffAttnCLIPClassifier(nn.Module):
             when present, else log(1 / 0.07).
     """
 
-    __jit_unused_properties__ = ["num_layers"]
+    __jit_unused_properties__: ClassVar[list[str]] = ["num_layers"]
 
     def __init__(
         self,
@@ -97,16 +124,21 @@ class DiffAttnCLIPClassifier(nn.Module):
         model_name: str | None = None,
         pretrained: bool | str = True,
         attention: str = "diff",
-        conversion_mode: str = "paper",
-        lambda_init_schedule: LambdaInit = "depth",
+        attention_variant: str | None = None,
+        conversion_mode: str | None = None,
+        lambda_init_schedule: LambdaInit | None = None,
         diff_blocks: Sequence[int] | None = None,
-        subln: bool = True,
+        subln: bool | None = None,
         attn_impl: str = "auto",
         num_classes: int = NUM_LABELS,
         dropout: float = 0.1,
         se_reduction: int = 4,
+        head_batch_norm: bool = False,
         text_embeddings: str | os.PathLike | torch.Tensor | None = None,
+        text_model: str | None = None,
+        text_model_name: str | None = None,
         contrastive: bool = True,
+        max_logit_scale: float = 100.0,
         fusion: str = "classification",
         freeze_backbone: bool = False,
         freeze_blocks: int = 0,
@@ -118,8 +150,7 @@ class DiffAttnCLIPClassifier(nn.Module):
         super().__init__()
         if attention not in ("diff", "plain"):
             raise ValueError(f"attention must be 'diff' or 'plain', got {attention!r}")
-        if conversion_mode not in CONVERSION_MODES:
-            raise ValueError(f"conversion_mode must be one of {CONVERSION_MODES}, got {conversion_mode!r}")
+        variant = resolve_variant(attention_variant, conversion_mode)
         if fusion not in FUSION_MODES:
             raise ValueError(f"fusion must be one of {FUSION_MODES}, got {fusion!r}")
         tower = build_image_tower(
@@ -138,42 +169,87 @@ class DiffAttnCLIPClassifier(nn.Module):
         if attention == "diff":
             self.diff_blocks = convert_to_diff_attention(
                 self.visual,
-                mode=conversion_mode,
+                variant=variant,
                 blocks=diff_blocks,
                 lambda_init=lambda_init_schedule,
                 sub_norm=subln,
                 attn_impl=attn_impl,
             )
-        self.conversion_mode = conversion_mode if attention == "diff" else None
+        self.attention_variant = variant if attention == "diff" else None
 
         self.classifier_head = SEGatedClassifierHead(
-            self.embed_dim, self.num_classes, reduction=se_reduction, dropout=dropout
+            self.embed_dim, self.num_classes, reduction=se_reduction, dropout=dropout, batch_norm=head_batch_norm
         )
         self.contrastive_head: TextContrastiveHead | None = None
-        if contrastive and text_embeddings is None:
-            warnings.warn(
-                "DiffAttnCLIPClassifier: no text_embeddings file given, so the contrastive path is off (only the "
-                "classification path is trained); compute one with `python -m monai_vce.text_embeddings --model "
-                "<backbone> --out bundle/models/text_embeddings.pt` and pass text_embeddings=<file>.",
-                stacklevel=2,
-            )
-        elif contrastive:
-            embeddings = self._load_text_embeddings(text_embeddings)
-            scale = logit_scale_init if logit_scale_init is not None else tower.logit_scale
-            self.contrastive_head = TextContrastiveHead(embeddings, DEFAULT_LOGIT_SCALE if scale is None else scale)
+        if contrastive:
+            embeddings = self._text_embeddings(text_embeddings, text_model, text_model_name)
+            if embeddings is not None:
+                scale = logit_scale_init if logit_scale_init is not None else tower.logit_scale
+                self.contrastive_head = TextContrastiveHead(
+                    embeddings, DEFAULT_LOGIT_SCALE if scale is None else scale, max_logit_scale=max_logit_scale
+                )
+        self.register_load_state_dict_pre_hook(_drop_unused_contrastive_state)
 
         if freeze_backbone or freeze_blocks:
             self._freeze(all_blocks=freeze_backbone, num_blocks=int(freeze_blocks))
         logger.info(
-            "DiffAttnCLIPClassifier: backbone %s (pretrained=%s), attention=%s, mode=%s, converted blocks %s, "
+            "DiffAttnCLIPClassifier: backbone %s (pretrained=%s), attention=%s, variant=%s, converted blocks %s, "
             "contrastive path %s",
             backbone,
             pretrained,
             attention,
-            self.conversion_mode,
+            self.attention_variant,
             self.diff_blocks,
             "on" if self.contrastive_head is not None else "off",
         )
+
+    def _text_embeddings(
+        self,
+        text_embeddings: str | os.PathLike | torch.Tensor | None,
+        text_model: str | None,
+        text_model_name: str | None,
+    ) -> torch.Tensor | None:
+        """The label-prompt embeddings of the contrastive path, or None (with the one warning) when unavailable."""
+        hint = (
+            "compute them with `python -m monai_vce.text_embeddings --model <CLIP model> --out "
+            "bundle/models/text_embeddings.pt` and pass text_embeddings=<file>"
+        )
+        if text_embeddings is None:
+            warnings.warn(
+                "DiffAttnCLIPClassifier: no text_embeddings file given, so the contrastive path is off (only the "
+                f"classification path is trained); {hint}.",
+                stacklevel=3,
+            )
+            return None
+        if isinstance(text_embeddings, torch.Tensor) or text_model is None or Path(text_embeddings).is_file():
+            return self._load_text_embeddings(text_embeddings)
+        try:
+            computed = self._compute_text_embeddings(text_model, text_model_name)
+        except (ImportError, OSError, RuntimeError, ValueError) as err:
+            warnings.warn(
+                f"DiffAttnCLIPClassifier: the contrastive path is off (only the classification path is trained): "
+                f"no text embeddings at {text_embeddings}, and the text tower of {text_model!r} cannot compute them "
+                f"({type(err).__name__}: {err}); {hint}.",
+                stacklevel=3,
+            )
+            return None
+        from monai_vce.text_embeddings import save_text_embeddings
+
+        save_text_embeddings(computed, text_embeddings)
+        logger.info("text embeddings of the label prompts computed with %s, saved to %s", text_model, text_embeddings)
+        return self._load_text_embeddings(text_embeddings)
+
+    def _compute_text_embeddings(self, text_model: str, text_model_name: str | None) -> dict[str, Any]:
+        """Embed the label prompts with ``text_model``'s text tower; refuse a width other than the image tower's."""
+        from monai_vce.text_embeddings import compute_text_embeddings
+
+        if self.num_classes != NUM_LABELS:
+            raise ValueError(f"the label prompts describe {NUM_LABELS} labels, the network has {self.num_classes}")
+        computed = compute_text_embeddings(text_model, model_name=text_model_name)
+        width = int(computed["embeddings"].shape[1])
+        if width != self.embed_dim:
+            raise ValueError(f"its embeddings are {width} wide, the image features {self.embed_dim}")
+        return computed
 
     def _load_text_embeddings(self, text_embeddings: str | os.PathLike | torch.Tensor) -> torch.Tensor:
         from monai_vce.text_embeddings import load_text_embeddings

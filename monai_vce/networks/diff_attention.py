@@ -3,31 +3,42 @@
 Differential attention (Ye et al., "Differential Transformer", arXiv 2410.05258) computes two softmax maps per
 head and subtracts one from the other, ``(A1 - lambda * A2) V``, so that attention noise common to both maps
 cancels. :class:`DifferentialAttention` converts the attention of a pretrained ViT block (``timm.layers.Attention``)
-without touching its ``qkv`` and ``proj`` weights; only the lambda vectors and, in the paper's layout, the per-head
-RMS norm are new. Two conversion modes:
+without touching its ``qkv`` and ``proj`` weights; only the lambda vectors and, where a variant uses it, the per-head
+RMS sub-norm are new. Three variants (``variant``), named for what they are:
 
 ``"paper"``
-    The paper's layout. The ``h`` pretrained heads are paired into ``h / 2`` differential heads: pair
-    ``(2j, 2j + 1)`` gives ``A1`` (query/key of head ``2j``) and ``A2`` (head ``2j + 1``); the value of
-    differential head ``j`` is the concatenation of the values of heads ``2j`` and ``2j + 1`` (``2 * head_dim``
-    wide). The output is RMS-normalised per differential head and scaled by ``1 - lambda_init``, with
-    ``lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init`` (one scalar per block, lambda vectors drawn from
-    N(0, 0.1), ``lambda_init = 0.8 - 0.6 exp(-0.3 d)`` at block depth ``d``). Since head ``2j + 1`` no longer has a
-    value of its own and the output is re-normalised, the converted network computes a different function from
-    the pretrained one at step 0: fine-tuning starts from the pretrained weights, not from the pretrained function.
+    The recipe of Chary & Ganapathy (2026), "Differential Attention-Augmented BiomedCLIP with Asymmetric Focal
+    Optimization": differential attention with a constant ``lambda_init = 0.8`` in every block and no sub-norm.
+    The ``h`` pretrained heads are paired into ``h / 2`` differential heads: pair ``(2j, 2j + 1)`` gives ``A1``
+    (query/key of head ``2j``) and ``A2`` (head ``2j + 1``); the value of differential head ``j`` is the
+    concatenation of the values of heads ``2j`` and ``2j + 1`` (``2 * head_dim`` wide); the output is
+    ``(A1 - lambda A2) V`` with ``lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init`` (one scalar per block,
+    lambda vectors drawn from N(0, 0.1)). The paper states the two head groups but not which pretrained heads pair
+    up; the adjacent pairing of Ye et al. and timm is used. At step 0 a block computes ``(A1 - lambda A2) V`` with
+    the pretrained maps and ``lambda`` about 0.8: fine-tuning starts from the pretrained weights, not from the
+    pretrained function.
+
+``"diff_transformer"``
+    The layout of Ye et al., "Differential Transformer" (arXiv 2410.05258, 2024): the same pairing, with the
+    depth schedule ``lambda_init = 0.8 - 0.6 exp(-0.3 d)`` at block depth ``d`` (0.2 to 0.78) and the output
+    RMS-normalised per differential head and scaled by ``1 - lambda_init`` (the sub-norm), so that at step 0 too
+    a block computes another function than the pretrained one. (``mode="paper"`` of earlier releases meant this
+    variant.)
 
 ``"preserving"``
     Function-preserving at initialisation. All ``h`` heads keep their own map and value; head ``i`` subtracts
-    the map of its pair partner ``i ^ 1`` (same pairing as the paper): ``out_i = (A_i - lambda A_{i^1}) v_i``.
+    the map of its pair partner ``i ^ 1`` (same pairing): ``out_i = (A_i - lambda A_{i^1}) v_i``.
     ``lambda_init`` is 0, the second lambda pair starts as a copy of the first, so ``lambda`` is exactly 0 at
     initialisation while its gradient is not (``d lambda / d lq1 = exp(lq1 . lk1) lk1``), and no sub-norm is
     applied: the converted network computes the pretrained one exactly at step 0 and learns how much noise map
-    to subtract. Trade-off against the paper's layout: the noise map of a head is another pretrained head's map
+    to subtract. Trade-off against the paired variants: the noise map of a head is another pretrained head's map
     (shared query/key weights) rather than a map dedicated to noise, the differential heads keep ``head_dim``-wide
     values instead of ``2 * head_dim``, and without the sub-norm the output magnitude drifts as ``lambda`` grows
     (the following LayerNorm and MLP absorb it). It adds no parameter besides the four lambda vectors.
 
-Both modes compute the ``2 h`` maps from the unchanged fused ``qkv`` projection and apply each map to the
+``lambda_init`` and ``sub_norm`` can override a paired variant's values (e.g. the depth schedule without sub-norm).
+
+All variants compute the ``2 h`` maps from the unchanged fused ``qkv`` projection and apply each map to the
 ``2 * head_dim``-wide value of its head pair, so they cost the same. Attention implementations (``attn_impl``):
 
 * ``"sdpa"``: one :func:`torch.nn.functional.scaled_dot_product_attention` call per block, on every device (fused
@@ -49,13 +60,14 @@ The module subclasses :class:`timm.layers.DiffAttention` (timm >= 1.0.23) rather
 ``num_heads = h / 2`` timm's module has the paper's layout and the same ``qkv`` / ``proj`` shapes and channel order
 as ``timm.layers.Attention`` with ``h`` heads (query/key head ``i`` at channels ``[i d, (i + 1) d)``, value of
 differential head ``j`` at ``[2 j d, 2 (j + 1) d)``), so the pretrained linear layers drop in unchanged; its lambda
-parameterisation, initialisation and parameter names are reused. The subclass adds the function-preserving mode,
-a configurable lambda_init schedule and sub-norm, a single SDPA call that hits the fused CPU kernel (timm's fused path
+parameterisation, initialisation and parameter names are reused. The subclass adds the variants (function-preserving
+layout, configurable lambda_init schedule and sub-norm), a single SDPA call that hits the fused CPU kernel (timm's fused path
 makes two calls with a value wider than the query, which on CPU run PyTorch's unfused math kernel) and
 :meth:`DifferentialAttention.attention_maps` for inspection.
 """
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -66,25 +78,68 @@ from timm.layers.attention import maybe_add_mask, resolve_self_attn_mask
 from torch.jit import Final
 
 __all__ = [
+    "ATTENTION_VARIANTS",
     "CONVERSION_MODES",
     "ATTENTION_IMPLEMENTATIONS",
     "DifferentialAttention",
     "lambda_init_for_depth",
     "resolve_lambda_init",
+    "resolve_variant",
     "convert_to_diff_attention",
     "find_vit_blocks",
 ]
 
-#: Accepted values of ``mode``.
+#: Accepted values of ``variant`` (see the module docstring).
+ATTENTION_VARIANTS: tuple[str, ...] = ("paper", "diff_transformer", "preserving")
+#: Deprecated values of ``mode`` / ``conversion_mode``: ``"paper"`` is the ``"diff_transformer"`` variant.
 CONVERSION_MODES: tuple[str, ...] = ("paper", "preserving")
+_MODE_TO_VARIANT = {"paper": "diff_transformer", "preserving": "preserving"}
 #: Accepted values of ``attn_impl``.
 ATTENTION_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "sdpa", "explicit")
 
 LambdaInit = str | float | Callable[[int], float]
 
+# (lambda_init schedule, sub-norm) of each variant
+_VARIANT_DEFAULTS: dict[str, tuple[LambdaInit, bool]] = {
+    "paper": ("constant", False),
+    "diff_transformer": ("depth", True),
+    "preserving": (0.0, False),
+}
+
+
+def resolve_variant(variant: str | None = None, mode: str | None = None, stacklevel: int = 3) -> str:
+    """The attention variant from ``variant`` or the deprecated ``mode`` (``conversion_mode``) value.
+
+    Args:
+        variant: one of :data:`ATTENTION_VARIANTS`, or None to take ``mode`` (default ``"diff_transformer"``, the
+            layout of earlier releases and of the bundle's default recipe).
+        mode: deprecated: ``"paper"`` (Ye et al.'s layout, now ``"diff_transformer"``) or ``"preserving"``; warns
+            with a ``DeprecationWarning``.
+        stacklevel: stack level of the warning.
+
+    Raises:
+        ValueError: an unknown value, or both arguments given.
+    """
+    if mode is not None:
+        if variant is not None:
+            raise ValueError(f"give the attention variant once: variant={variant!r} and the deprecated mode={mode!r}")
+        if mode not in _MODE_TO_VARIANT:
+            raise ValueError(f"mode must be one of {CONVERSION_MODES} (deprecated; use variant), got {mode!r}")
+        variant = _MODE_TO_VARIANT[mode]
+        warnings.warn(
+            f"the conversion mode {mode!r} is deprecated and will be removed in the next release: use the attention "
+            f"variant {variant!r} (the paper's recipe, constant lambda_init 0.8 without sub-norm, is 'paper')",
+            DeprecationWarning,
+            stacklevel=stacklevel,
+        )
+    variant = "diff_transformer" if variant is None else variant
+    if variant not in ATTENTION_VARIANTS:
+        raise ValueError(f"attention variant must be one of {ATTENTION_VARIANTS}, got {variant!r}")
+    return variant
+
 
 def lambda_init_for_depth(depth: int) -> float:
-    """The paper's schedule ``0.8 - 0.6 exp(-0.3 depth)`` for a block at 0-based ``depth``."""
+    """Ye et al.'s schedule ``0.8 - 0.6 exp(-0.3 depth)`` for a block at 0-based ``depth``."""
     return 0.8 - 0.6 * math.exp(-0.3 * depth)
 
 
@@ -92,7 +147,8 @@ def resolve_lambda_init(schedule: LambdaInit, depth: int) -> float:
     """Return ``lambda_init`` of the block at ``depth`` under ``schedule``.
 
     Args:
-        schedule: ``"depth"`` (the paper's :func:`lambda_init_for_depth`), ``"constant"`` (0.8 in every block),
+        schedule: ``"depth"`` (Ye et al.'s :func:`lambda_init_for_depth`), ``"constant"`` (0.8 in every block, the
+            paper's),
             a number (that value in every block) or a callable ``depth -> float``.
         depth: 0-based index of the block in the network.
 
@@ -118,7 +174,7 @@ def resolve_lambda_init(schedule: LambdaInit, depth: int) -> float:
 
 
 class DifferentialAttention(DiffAttention):
-    """Differential attention with the paper's layout or a function-preserving one (see the module docstring).
+    """Differential attention in one of the variants of the module docstring (``"diff_transformer"`` by default).
 
     The module computes ``2 * num_heads`` softmax maps of ``head_dim = dim // (2 * num_heads)`` channels, i.e. a
     pretrained block with ``h`` heads converts to ``num_heads = h / 2``. Build it from a pretrained attention with
@@ -135,17 +191,21 @@ class DifferentialAttention(DiffAttention):
         proj_drop: dropout after the output projection.
         norm_layer: normalisation layer for ``qk_norm`` / ``scale_norm`` (timm's ``RmsNorm`` when None).
         depth: 0-based block index, fed to the lambda_init schedule.
-        mode: ``"paper"`` or ``"preserving"``.
-        lambda_init: schedule of :func:`resolve_lambda_init`; ignored in ``"preserving"`` mode, where it is 0.
-        sub_norm: ``"paper"`` mode only: RMS-normalise each differential head (``2 * head_dim`` channels) and scale
-            by ``1 - lambda_init``, as in the paper; False applies neither. Never applied in ``"preserving"`` mode.
+        variant: ``"paper"``, ``"diff_transformer"`` or ``"preserving"`` (see the module docstring).
+        lambda_init: schedule of :func:`resolve_lambda_init`; None takes the variant's (``"constant"`` 0.8 for
+            ``"paper"``, ``"depth"`` for ``"diff_transformer"``); ignored by ``"preserving"``, where it is 0.
+        sub_norm: RMS-normalise each differential head (``2 * head_dim`` channels) and scale by
+            ``1 - lambda_init``; None takes the variant's (on for ``"diff_transformer"`` only). Never applied by
+            ``"preserving"``.
         attn_impl: ``"auto"`` (SDPA unless timm's fused-attention switch is off), ``"sdpa"`` or ``"explicit"`` (the
             reference path of :meth:`attention_maps`; see the module docstring).
         device: device of the new parameters.
         dtype: dtype of the new parameters (the lambda vectors are always float32).
+        mode: deprecated name of the variant: ``"paper"`` meant ``"diff_transformer"``; ``"preserving"``.
     """
 
     use_sub_norm: Final[bool]
+    preserving: Final[bool]
 
     def __init__(
         self,
@@ -159,15 +219,16 @@ class DifferentialAttention(DiffAttention):
         proj_drop: float = 0.0,
         norm_layer: type[nn.Module] | None = None,
         depth: int = 0,
-        mode: str = "paper",
-        lambda_init: LambdaInit = "depth",
-        sub_norm: bool = True,
+        variant: str | None = None,
+        lambda_init: LambdaInit | None = None,
+        sub_norm: bool | None = None,
         attn_impl: str = "auto",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        mode: str | None = None,
     ) -> None:
-        if mode not in CONVERSION_MODES:
-            raise ValueError(f"mode must be one of {CONVERSION_MODES}, got {mode!r}")
+        variant = resolve_variant(variant, mode)
+        default_lambda_init, default_sub_norm = _VARIANT_DEFAULTS[variant]
         if attn_impl not in ATTENTION_IMPLEMENTATIONS:
             raise ValueError(f"attn_impl must be one of {ATTENTION_IMPLEMENTATIONS}, got {attn_impl!r}")
         if dim % (2 * num_heads):
@@ -187,29 +248,30 @@ class DifferentialAttention(DiffAttention):
             device=device,
             dtype=dtype,
         )
-        self.mode = mode
+        self.variant = variant
+        self.preserving = variant == "preserving"
         self.attn_impl = attn_impl
         self.depth = depth
-        self.lambda_init_schedule = lambda_init
-        self.use_sub_norm = bool(sub_norm) and mode == "paper"
+        self.lambda_init_schedule = default_lambda_init if lambda_init is None else lambda_init
+        self.use_sub_norm = bool(default_sub_norm if sub_norm is None else sub_norm) and not self.preserving
         if not self.use_sub_norm:
             self.sub_norm = nn.Identity()
         self.set_lambda_init(depth)
         self.reset_parameters()
 
     def set_lambda_init(self, depth: int) -> None:
-        """Set ``lambda_init`` (and the output scale) of this block from the schedule; 0 in preserving mode."""
-        # timm's constructor calls this before the subclass attributes exist: fall back to the paper's formula
-        if getattr(self, "mode", "paper") == "preserving":
+        """Set ``lambda_init`` (and the output scale) of this block from the schedule; 0 for ``"preserving"``."""
+        # timm's constructor calls this before the subclass attributes exist: fall back to Ye et al.'s formula
+        if getattr(self, "preserving", False):
             self.lambda_init = 0.0
         else:
             self.lambda_init = resolve_lambda_init(getattr(self, "lambda_init_schedule", "depth"), depth)
         self.output_scale = 1.0 - self.lambda_init if getattr(self, "use_sub_norm", True) else 1.0
 
     def reset_parameters(self) -> None:
-        """Draw the lambda vectors from N(0, 0.1); in preserving mode the second pair copies the first (lambda = 0)."""
+        """Draw the lambda vectors from N(0, 0.1); ``"preserving"``: the second pair copies the first (lambda = 0)."""
         super().reset_parameters()
-        if getattr(self, "mode", "paper") == "preserving":
+        if getattr(self, "preserving", False):
             with torch.no_grad():
                 self.lambda_q2.copy_(self.lambda_q1)
                 self.lambda_k2.copy_(self.lambda_k1)
@@ -219,10 +281,11 @@ class DifferentialAttention(DiffAttention):
         cls,
         attn: nn.Module,
         depth: int = 0,
-        mode: str = "paper",
-        lambda_init: LambdaInit = "depth",
-        sub_norm: bool = True,
+        variant: str | None = None,
+        lambda_init: LambdaInit | None = None,
+        sub_norm: bool | None = None,
         attn_impl: str = "auto",
+        mode: str | None = None,
     ) -> "DifferentialAttention":
         """Convert a ``timm.layers.Attention`` with an even number of heads, reusing its modules as they are.
 
@@ -232,15 +295,17 @@ class DifferentialAttention(DiffAttention):
         Args:
             attn: the pretrained attention module.
             depth: 0-based block index (for the lambda_init schedule).
-            mode: ``"paper"`` or ``"preserving"``.
-            lambda_init: see :func:`resolve_lambda_init`.
+            variant: ``"paper"``, ``"diff_transformer"`` or ``"preserving"``.
+            lambda_init: see :class:`DifferentialAttention`.
             sub_norm: see :class:`DifferentialAttention`.
             attn_impl: ``"auto"``, ``"sdpa"`` or ``"explicit"``.
+            mode: deprecated name of the variant (see :class:`DifferentialAttention`).
 
         Raises:
             TypeError: when ``attn`` is not a plain ``timm.layers.Attention``.
             ValueError: for an odd number of heads, a gated attention or a head width that differs from dim / heads.
         """
+        variant = resolve_variant(variant, mode)
         if not isinstance(attn, Attention) or isinstance(attn, DiffAttention):
             raise TypeError(f"expected a timm.layers.Attention module, got {type(attn).__name__}")
         if attn.num_heads % 2:
@@ -262,7 +327,7 @@ class DifferentialAttention(DiffAttention):
             attn_drop=attn.attn_drop.p,
             proj_drop=attn.proj_drop.p,
             depth=depth,
-            mode=mode,
+            variant=variant,
             lambda_init=lambda_init,
             sub_norm=sub_norm,
             attn_impl=attn_impl,
@@ -281,7 +346,7 @@ class DifferentialAttention(DiffAttention):
 
     def extra_repr(self) -> str:
         return (
-            f"mode={self.mode}, num_heads={self.num_heads}, head_dim={self.head_dim}, depth={self.depth}, "
+            f"variant={self.variant}, num_heads={self.num_heads}, head_dim={self.head_dim}, depth={self.depth}, "
             f"lambda_init={self.lambda_init:.4f}, sub_norm={self.use_sub_norm}, attn_impl={self.attn_impl}"
         )
 
@@ -373,7 +438,7 @@ class DifferentialAttention(DiffAttention):
         Returns:
             ``(maps, lambda)``: ``maps`` of shape (B, num_heads, 2, N, N) where ``maps[:, j, 0]`` is A1 and
             ``maps[:, j, 1]`` is A2 of differential head ``j`` (the softmax maps of single heads ``2j`` and
-            ``2j + 1``). In preserving mode single head ``2j`` subtracts ``maps[:, j, 1]`` and head ``2j + 1``
+            ``2j + 1``). For ``"preserving"`` single head ``2j`` subtracts ``maps[:, j, 1]`` and head ``2j + 1``
             subtracts ``maps[:, j, 0]``.
         """
         B, N, _ = x.shape
@@ -389,7 +454,7 @@ class DifferentialAttention(DiffAttention):
         if self._use_sdpa():
             o1, o2 = self._sdpa_pairs(q, k, v_pair, attn_mask, is_causal)  # A1 V_j and A2 V_j, (B, h, N, 2d)
             neg_lam = neg_lam.to(o1.dtype)
-            if self.mode == "paper":
+            if not self.preserving:
                 x = torch.addcmul(o1, o2, neg_lam)
             else:
                 # single head 2j: (A1 - lam A2) v_2j; single head 2j+1: (A2 - lam A1) v_2j+1
@@ -404,7 +469,7 @@ class DifferentialAttention(DiffAttention):
             maps = self.attn_drop(self._softmax_maps(q, k, attn_mask, is_causal)).view(B, h, 2, N, N)
             a1, a2 = maps.unbind(2)
             neg_lam = neg_lam.to(maps.dtype)
-            if self.mode == "paper":
+            if not self.preserving:
                 x = torch.addcmul(a1, a2, neg_lam) @ v_pair
             else:
                 x = torch.cat(
@@ -417,8 +482,9 @@ class DifferentialAttention(DiffAttention):
         # x: (B, h, N, 2d), the channels of single heads 2j and 2j+1 side by side
         if self.use_sub_norm:
             # RMS norm per differential head, the (1 - lambda_init) scale folded into the per-row factor: one
-            # reduction pass and two elementwise passes over x
-            sq = torch.linalg.vector_norm(x, ord=2, dim=-1, keepdim=True, dtype=torch.float32).square() / (2 * d)
+            # reduction pass and two elementwise passes over x; reduced in float32 at least (float64 stays float64)
+            acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+            sq = torch.linalg.vector_norm(x, ord=2, dim=-1, keepdim=True, dtype=acc).square() / (2 * d)
             factor = (torch.rsqrt(sq + self.sub_norm.eps) * self.output_scale).to(x.dtype)
             x = (x * factor).mul_(self.sub_norm.weight.to(x.dtype))
         # (B, h, N, 2d) -> (B, N, C): channel order of the pretrained heads
@@ -447,21 +513,24 @@ def find_vit_blocks(model: nn.Module) -> nn.Sequential | nn.ModuleList:
 
 def convert_to_diff_attention(
     model: nn.Module,
-    mode: str = "paper",
+    variant: str | None = None,
     blocks: Sequence[int] | None = None,
-    lambda_init: LambdaInit = "depth",
-    sub_norm: bool = True,
+    lambda_init: LambdaInit | None = None,
+    sub_norm: bool | None = None,
     attn_impl: str = "auto",
+    mode: str | None = None,
 ) -> list[int]:
     """Replace, in place, the attention of ViT blocks by :class:`DifferentialAttention`, keeping the weights.
 
     Args:
         model: a timm ``VisionTransformer``, an open_clip ``TimmModel`` or a module with ``.visual.trunk``.
-        mode: ``"paper"`` or ``"preserving"`` (see the module docstring).
+        variant: ``"paper"``, ``"diff_transformer"`` (default) or ``"preserving"`` (see the module docstring).
         blocks: indices of the blocks to convert (negative indices count from the end); None converts all.
-        lambda_init: lambda_init schedule (see :func:`resolve_lambda_init`); the depth is the block index.
-        sub_norm: per-head RMS norm and ``1 - lambda_init`` scale in paper mode.
+        lambda_init: lambda_init schedule (see :func:`resolve_lambda_init`; None: the variant's); the depth is the
+            block index.
+        sub_norm: per-head RMS norm and ``1 - lambda_init`` scale (None: the variant's).
         attn_impl: ``"auto"``, ``"sdpa"`` or ``"explicit"`` (see :class:`DifferentialAttention`).
+        mode: deprecated name of the variant (``"paper"`` meant ``"diff_transformer"``).
 
     Returns:
         The sorted indices of the converted blocks.
@@ -470,6 +539,7 @@ def convert_to_diff_attention(
         ValueError: for an index out of range, or a block that cannot be converted (the message names it).
         TypeError: when a block's attention is not a timm ``Attention`` (for instance already converted).
     """
+    variant = resolve_variant(variant, mode)
     vit_blocks = find_vit_blocks(model)
     n = len(vit_blocks)
     if blocks is None:
@@ -487,7 +557,7 @@ def convert_to_diff_attention(
         attn = getattr(block, "attn", None)
         try:
             block.attn = DifferentialAttention.from_attention(
-                attn, depth=i, mode=mode, lambda_init=lambda_init, sub_norm=sub_norm, attn_impl=attn_impl
+                attn, depth=i, variant=variant, lambda_init=lambda_init, sub_norm=sub_norm, attn_impl=attn_impl
             )
         except (TypeError, ValueError) as err:
             raise type(err)(f"cannot convert the attention of block {i}: {err}") from err

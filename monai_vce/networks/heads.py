@@ -18,31 +18,42 @@ DEFAULT_LOGIT_SCALE: float = math.log(1 / 0.07)
 
 
 class SEGatedClassifierHead(nn.Module):
-    """Image features -> squeeze-and-excitation channel gate -> dropout -> linear -> class logits.
+    """Image features -> squeeze-and-excitation channel gate -> BatchNorm -> dropout -> linear -> class logits.
 
     The gate (MONAI's :class:`~monai.networks.blocks.ChannelSELayer` on the feature vector seen as a length-1
-    sequence) rescales each feature channel by a sigmoid computed from all channels, so the head can emphasise the
-    CLIP feature channels that matter for capsule-endoscopy findings before the linear classifier.
+    sequence) computes ``x * sigmoid(W2 ReLU(W1 x))`` with ``W1`` of ``in_features // reduction`` hidden units, so
+    the head can emphasise the CLIP feature channels that matter for capsule-endoscopy findings before the linear
+    classifier. The paper's head is ``reduction=16, batch_norm=True, dropout=0.4``; the defaults are the bundle's
+    default (``project``) head without its dropout.
 
     Args:
         in_features: width of the image features.
         num_classes: number of output logits.
         reduction: reduction ratio of the gate's bottleneck (``in_features // reduction`` hidden units).
         dropout: dropout probability before the linear layer.
+        batch_norm: a ``BatchNorm1d`` over the gated features before the dropout.
     """
 
     def __init__(
-        self, in_features: int, num_classes: int = NUM_LABELS, reduction: int = 4, dropout: float = 0.0
+        self,
+        in_features: int,
+        num_classes: int = NUM_LABELS,
+        reduction: int = 4,
+        dropout: float = 0.0,
+        batch_norm: bool = False,
     ) -> None:
         super().__init__()
+        if reduction < 1 or in_features // reduction < 1:
+            raise ValueError(f"reduction must be in [1, in_features={in_features}], got {reduction}")
         self.gate = ChannelSELayer(spatial_dims=1, in_channels=in_features, r=reduction)
+        self.norm: nn.Module = nn.BatchNorm1d(in_features) if batch_norm else nn.Identity()
         self.dropout = nn.Dropout(dropout)
         self.fc = nn.Linear(in_features, num_classes)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """Map (B, in_features) features to (B, num_classes) logits."""
         gated = self.gate(features.unsqueeze(-1)).squeeze(-1)
-        return self.fc(self.dropout(gated))
+        return self.fc(self.dropout(self.norm(gated)))
 
 
 class TextContrastiveHead(nn.Module):
@@ -52,7 +63,8 @@ class TextContrastiveHead(nn.Module):
         text_embeddings: (num_classes, embed_dim) embeddings of the class prompts; normalised and stored as a frozen,
             non-persistent buffer (the file they come from is part of the configuration, not of the weights).
         logit_scale_init: initial log scale (CLIP's ``logit_scale``), e.g. the checkpoint's.
-        max_logit_scale: upper clamp of the scale (not its log), as in CLIP training.
+        max_logit_scale: upper clamp of the scale ``exp(logit_scale)`` (not of its log), 100 as in CLIP training and
+            the paper; the clamp is applied in the forward pass, so the parameter keeps its gradient below it.
     """
 
     def __init__(

@@ -10,8 +10,12 @@ function returns the midpoint ``(s_k + s_{k+1}) / 2`` (``s_k / 2`` for the last 
 the range compete, so the result is the best threshold *within* the range, not a clipped unconstrained one.
 Among cuts of equal F1 the highest threshold (fewest positive frames) wins.
 
-A class gets ``default_threshold`` (default: ``max_threshold``, i.e. positive only when very confident) when no
-threshold in the range gives an F1 above 0: no positive frame, or no positive scored inside the range.
+A class gets ``default_threshold`` when no threshold in the range gives an F1 above 0: no positive frame, or no
+positive scored inside the range. Its default, :data:`DEFAULT_THRESHOLD` = 0.5 (clipped into the range), is the
+neutral decision point of a calibrated probability: the loss's smoothed targets (0.05 / 0.95) are symmetric about
+it. Neither end of the search range is neutral: at the floor 0.05 the easy negatives, which the loss settles just
+above 0.05, would all fire; at 0.95 a class the network learned from its training positives would be muted
+because the validation videos happen to lack it.
 
 The file written by :func:`save_thresholds` is a JSON object keyed by label name (the 17 names of
 :data:`monai_vce.labels.LABELS`) with float values in [0, 1]; :func:`load_thresholds` validates it.
@@ -31,7 +35,10 @@ import numpy as np
 from monai_vce.labels import LABELS, label_index
 from monai_vce.utils import atomic_write_json
 
-__all__ = ["optimize_thresholds", "f1_at_thresholds", "save_thresholds", "load_thresholds"]
+__all__ = ["DEFAULT_THRESHOLD", "optimize_thresholds", "f1_at_thresholds", "save_thresholds", "load_thresholds"]
+
+#: Threshold of a class without any usable validation positive (see the module docstring).
+DEFAULT_THRESHOLD: float = 0.5
 
 
 def _check_inputs(probs: Any, targets: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -59,7 +66,8 @@ def optimize_thresholds(
         targets: (N, C) targets, positive where ``>= 0.5``.
         min_threshold: lowest allowed threshold.
         max_threshold: highest allowed threshold.
-        default_threshold: threshold of classes where no threshold in range has F1 > 0; ``None``: ``max_threshold``.
+        default_threshold: threshold of classes where no threshold in range has F1 > 0; ``None``:
+            :data:`DEFAULT_THRESHOLD` clipped into ``[min_threshold, max_threshold]``.
         return_f1: also return the F1 reached by each class's threshold (0 for defaulted classes).
 
     Returns:
@@ -67,7 +75,10 @@ def optimize_thresholds(
     """
     if not min_threshold <= max_threshold:
         raise ValueError(f"min_threshold {min_threshold} must not exceed max_threshold {max_threshold}")
-    default = float(max_threshold if default_threshold is None else default_threshold)
+    default = (
+        min(max(DEFAULT_THRESHOLD, min_threshold), max_threshold) if default_threshold is None else default_threshold
+    )
+    default = float(default)
     p, y = _check_inputs(probs, targets)
     n, c = p.shape
     thresholds = np.full(c, default, dtype=np.float64)

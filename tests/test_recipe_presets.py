@@ -1,0 +1,177 @@
+"""The training presets: ``paper.json`` is the paper's recipe, ``project.json`` the project's and the bundle's default;
+both resolve through MONAI's ConfigParser into the components they name, and merge over inference.json."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from bundle_helpers import CONFIGS, INFERENCE, TRAIN
+
+from monai_vce.losses import AsymmetricFocalLoss, BinaryCrossEntropyLoss, class_positive_weights
+from monai_vce.networks import DifferentialAttention, save_tiny_local_dir
+
+PAPER = str(CONFIGS / "paper.json")
+PROJECT = str(CONFIGS / "project.json")
+TINY = {"backbone": "vce-tiny-vit-64", "pretrained": False, "image_size": 64, "device": "$torch.device('cpu')"}
+
+
+@pytest.fixture(scope="module")
+def text_tower(tmp_path_factory) -> str:
+    """The tiny model's randomly initialised text tower: it exercises the contrastive path, nothing clinical."""
+    return f"local-dir:{save_tiny_local_dir(tmp_path_factory.mktemp('tiny_text') / 'clip', seed=0)}"
+
+
+def _parser(files, mini_galar, tmp_path, **override):
+    from monai.bundle import ConfigParser
+
+    parser = ConfigParser()
+    parser.read_config(files)
+    values = {**TINY, "dataset_dir": str(mini_galar), "ckpt_dir": str(tmp_path / "models"), "num_workers": 0}
+    values.update(override)
+    for k, v in values.items():
+        parser[k] = v
+    return parser
+
+
+def test_paper_preset_is_the_papers_recipe(mini_galar, tmp_path, text_tower):
+    parser = _parser([TRAIN, PAPER], mini_galar, tmp_path, text_model=text_tower)
+    preset = json.loads(Path(PAPER).read_text())
+    assert preset["seed"] == 42 and preset["batch_size"] == 128 and preset["max_epochs"] == 5
+    assert preset["mixup_alpha"] == 0.3 and preset["ema_decay"] == 0.999
+    # network: the paper's differential attention in every block, the paper's heads
+    net = parser.get_parsed_content("network_def")
+    blocks = net.visual.trunk.blocks
+    assert all(isinstance(b.attn, DifferentialAttention) for b in blocks)
+    assert all(b.attn.variant == "paper" and b.attn.lambda_init == 0.8 and not b.attn.use_sub_norm for b in blocks)
+    head = net.classifier_head
+    assert head.gate.fc[0].out_features == net.embed_dim // 16
+    assert isinstance(head.norm, torch.nn.BatchNorm1d) and head.dropout.p == 0.4
+    assert net.contrastive_head is not None and net.contrastive_head.max_logit_scale == 100.0
+    # loss: ASL (gamma+ 1, gamma- 4) + 0.4 x BCE, both with the positive weights of the training datalist
+    train_data = parser.get_parsed_content("split")[0]
+    expected_pw = class_positive_weights(train_data, min_weight=1.0, max_weight=100.0)
+    loss = parser.get_parsed_content("train#loss")
+    con = parser.get_parsed_content("train#contrastive_loss")
+    assert isinstance(loss, AsymmetricFocalLoss) and (loss.gamma_pos, loss.gamma_neg) == (1.0, 4.0)
+    assert isinstance(con, BinaryCrossEntropyLoss)
+    assert loss.label_smoothing == con.label_smoothing == 0.05
+    torch.testing.assert_close(loss.pos_weight, expected_pw)
+    torch.testing.assert_close(con.pos_weight, expected_pw)
+    assert float(expected_pw.min()) >= 1.0 and float(expected_pw.max()) <= 100.0
+    trainer = parser.get_parsed_content("train#trainer")
+    assert trainer.contrastive_weight == 0.4 and trainer.contrastive_loss_function is con
+    assert trainer.grad_clip_norm == 1.0 and trainer.mixup.alpha == 0.3
+    sampler = parser.get_parsed_content("train#sampler")
+    assert len(sampler) == len(train_data)  # an epoch is one pass over the training frames
+    # augmentation: random resized crop 0.7-1.0, flips, +-15 degrees, colour jitter, random erasing
+    names = [type(t).__name__ for t in parser.get_parsed_content("train#preprocessing").transforms]
+    assert {"RandResizedCropd", "RandFlipd", "RandRotated", "RandHueSaturationd", "RandErasingd"} <= set(names)
+    assert "RandRotate90d" not in names and "RandGaussianNoised" not in names
+
+
+def test_one_cycle_per_group_max_lr_from_the_config(mini_galar, tmp_path):
+    """AdamW (0.9, 0.999), weight decay 5e-4, OneCycle with max lr 9e-5 for the backbone and 3e-4 for the heads."""
+    # 20 iterations per epoch, so that the warm-up (30 % of 5 epochs) ends on a whole step
+    parser = _parser([TRAIN, PAPER], mini_galar, tmp_path, contrastive_weight=0.0, samples_per_epoch=160, batch_size=8)
+    optimizer = parser.get_parsed_content("train#optimizer")
+    scheduler = parser.get_parsed_content("train#lr_scheduler")
+    loader = parser.get_parsed_content("train#dataloader")
+    assert isinstance(optimizer, torch.optim.AdamW) and isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR)
+    assert len(loader) == 20 and scheduler.total_steps == 5 * 20
+    net = parser.get_parsed_content("network_def")
+    group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    named = dict(net.named_parameters())
+    backbone = group_of[id(named["visual.trunk.blocks.0.attn.qkv.weight"])]
+    head = group_of[id(named["classifier_head.fc.weight"])]
+    assert backbone["max_lr"] == pytest.approx(9e-5) and head["max_lr"] == pytest.approx(3e-4)
+    assert backbone["weight_decay"] == head["weight_decay"] == 5e-4
+    assert all(g["betas"] == (0.9, 0.999) for g in optimizer.param_groups)  # no momentum cycling
+    assert backbone["lr"] == pytest.approx(9e-5 / 25) and head["lr"] == pytest.approx(3e-4 / 25)
+    for _ in range(29):  # the peak: step 0.3 x 100 - 1
+        optimizer.step()
+        scheduler.step()
+    assert backbone["lr"] == pytest.approx(9e-5) and head["lr"] == pytest.approx(3e-4)
+
+
+def test_train_json_defaults_are_the_project_preset():
+    """The bundle's default recipe is the one that won the ablation on held-out videos (``project``): train.json
+    alone sets every preset key as project.json, and inference.json builds the same network."""
+    train = json.loads(Path(TRAIN).read_text())
+    infer = json.loads(Path(INFERENCE).read_text())
+    paper = json.loads(Path(PAPER).read_text())
+    project = json.loads(Path(PROJECT).read_text())
+    assert set(paper) == set(project)  # both presets set the same keys, so either one fully selects its recipe
+    for key, value in project.items():
+        assert train[key] == value, key
+    for key in ("attention_variant", "se_reduction", "head_batch_norm"):
+        assert infer[key] == project[key], key
+    assert any(paper[k] != project[k] for k in paper)
+    # and the presets are all top-level keys, so one file also merges over inference.json and evaluate.json
+    assert not any("#" in k for k in list(paper) + list(project))
+
+
+def test_project_preset(mini_galar, tmp_path):
+    parser = _parser([TRAIN, PROJECT], mini_galar, tmp_path)
+    net = parser.get_parsed_content("network_def")
+    blocks = net.visual.trunk.blocks
+    assert all(b.attn.variant == "diff_transformer" and b.attn.use_sub_norm for b in blocks)
+    assert [b.attn.lambda_init for b in blocks] == pytest.approx([0.2, 0.8 - 0.6 * math.exp(-0.3)])
+    assert net.classifier_head.gate.fc[0].out_features == net.embed_dim // 4
+    assert isinstance(net.classifier_head.norm, torch.nn.Identity) and net.classifier_head.dropout.p == 0.1
+    assert net.contrastive_head is None  # contrastive weight 0: the path is not built
+    assert parser.get_parsed_content("train#pos_weight") is None
+    assert parser.get_parsed_content("train#loss").pos_weight is None
+    trainer = parser.get_parsed_content("train#trainer")
+    assert trainer.grad_clip_norm is None and trainer.contrastive_weight == 0.0
+    groups = parser.get_parsed_content("train#optimizer").param_groups
+    assert sorted({g["max_lr"] for g in groups}) == pytest.approx([1e-5, 1e-4])
+    assert parser.get_parsed_content("train#lr_scheduler").total_steps == 10 * len(
+        parser.get_parsed_content("train#dataloader")
+    )
+
+
+@pytest.mark.parametrize("preset", [None, PAPER, PROJECT])
+def test_presets_merge_over_inference_json(preset, mini_galar, tmp_path):
+    """The inference network built with a preset has the training network's architecture (same state dict)."""
+    extra = [preset] if preset else []
+    train_net = _parser([TRAIN, *extra], mini_galar, tmp_path, contrastive_weight=0.0).get_parsed_content("network_def")
+    infer_net = _parser([INFERENCE, *extra], mini_galar, tmp_path).get_parsed_content("network_def")
+    shapes = {k: tuple(v.shape) for k, v in train_net.state_dict().items()}
+    assert shapes == {k: tuple(v.shape) for k, v in infer_net.state_dict().items()}
+    assert train_net.attention_variant == infer_net.attention_variant
+    infer_net.load_state_dict(train_net.state_dict())
+
+
+def test_resumable_one_cycle_follows_the_configured_length():
+    from monai_vce.engines import ResumableOneCycleLR
+
+    def make(total, cls=ResumableOneCycleLR):
+        param = torch.nn.Parameter(torch.zeros(1))
+        opt = torch.optim.AdamW([{"params": [param], "lr": 1e-3}], lr=1e-3)
+        return opt, cls(opt, max_lr=[1e-3], total_steps=total, cycle_momentum=False)
+
+    opt, first = make(11)
+    for _ in range(11):
+        opt.step()
+        first.step()
+    # same length: exactly torch's scheduler
+    _, same = make(11)
+    same.load_state_dict(first.state_dict())
+    assert same.last_epoch == 11 and same.get_last_lr() == first.get_last_lr()
+    # resumed with twice the epochs: continues to the new end without "Tried to step" errors
+    opt_long, longer = make(22)
+    longer.load_state_dict(first.state_dict())
+    assert longer.total_steps == 22 and longer.last_epoch == 11
+    for _ in range(10):
+        opt_long.step()
+        longer.step()
+    assert longer.get_last_lr()[0] == pytest.approx(1e-3 / 25 / 1e4)  # the end of the 22-step cycle
+    opt_long.step()
+    longer.step()  # the last allowed step
+    _, plain = make(22, torch.optim.lr_scheduler.OneCycleLR)
+    plain.load_state_dict(first.state_dict())
+    assert plain.total_steps == 11  # what torch's own scheduler would do: the old length comes back
