@@ -147,7 +147,7 @@ def completed_videos(
     datalist has for that video (a video folder that grew since is recomputed) and, when ``source`` is
     given, was written from that source (:func:`model_fingerprint`: a retrained model recomputes everything).
     """
-    from monai_vce.handlers.event_writer import npz_record
+    from monai_vce.events.probabilities import npz_record
 
     counts: dict[str, int] = {}
     for d in datalist:
@@ -266,7 +266,7 @@ def ground_truth(datalist: Sequence[Mapping[str, Any]], units: str = "index") ->
     """
     import numpy as np
 
-    from monai_vce.postprocessing.events import event_json, frames_to_events
+    from monai_vce.events import event_json, frames_to_events
 
     key = "frame_index" if units == "index" else "frame_number"
     rows: dict[str, list] = {}
@@ -289,7 +289,7 @@ def _frame_ap(datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike) -> dic
     """Frame-level average precision per label of the probability files against the datalist's labels."""
     import numpy as np
 
-    from monai_vce.handlers.event_writer import load_video_probs
+    from monai_vce.events.probabilities import load_video_probs
     from monai_vce.handlers.frame_metrics import multilabel_average_precision
     from monai_vce.labels import LABELS
 

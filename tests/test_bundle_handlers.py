@@ -118,7 +118,7 @@ def test_decoder_tuning_handler_fits_and_saves(tmp_path):
     p, ids, gt = calls["videos"]["1"]
     np.testing.assert_array_equal(p, probs[:40])
     np.testing.assert_array_equal(ids, np.arange(40))
-    from monai_vce.postprocessing.events import frames_to_events
+    from monai_vce.events import frames_to_events
 
     assert gt == frames_to_events(target[:40] >= 0.5, np.arange(40), mode="label_set")
     assert calls["kwargs"]["base"]["labels"]["ulcer"]["threshold"] == pytest.approx(0.3)

@@ -96,7 +96,7 @@ def find_galar_events(path: str | os.PathLike | None = None) -> Path | None:
 
 def load_timelines(path: str | os.PathLike) -> dict[str, list[dict]]:
     """Read an event JSON (challenge format) into ``{video_id: events}`` in natural video order."""
-    from monai_vce.metrics.validation import load_events
+    from monai_vce.events.validation import load_events
 
     # bounded size, and one-line errors naming the file for missing, non-JSON or hostile (deeply nested) files
     obj = load_events(path, validate=False)

@@ -125,7 +125,7 @@ class DecoderTuningHandler:
         Args:
             thresholds: optional per-class starting thresholds, ``(17,)`` in ``LABELS`` order or ``{label: value}``.
         """
-        from monai_vce.postprocessing.events import frames_to_events
+        from monai_vce.events import frames_to_events
 
         tune_fn = self.tune_fn
         if tune_fn is None:

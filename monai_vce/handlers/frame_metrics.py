@@ -72,9 +72,7 @@ class MultiLabelAveragePrecision(Metric):
         """Add one batch ``(probs, targets)``."""
         probs, targets = output
         to_np = lambda x: (
-            (
-                torch.stack([torch.as_tensor(i) for i in x]) if isinstance(x, (list, tuple)) else torch.as_tensor(x)
-            )
+            (torch.stack([torch.as_tensor(i) for i in x]) if isinstance(x, (list, tuple)) else torch.as_tensor(x))
             .detach()
             .float()
             .cpu()

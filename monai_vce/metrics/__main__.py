@@ -17,8 +17,9 @@ import json
 import sys
 from collections.abc import Sequence
 
+from monai_vce.events.validation import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, load_events, validate_events
+
 from .temporal_map import temporal_map
-from .validation import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, load_events, validate_events
 
 __all__ = ["main"]
 

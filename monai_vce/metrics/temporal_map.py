@@ -33,9 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from monai_vce.events.validation import DEFAULT_MAX_EVENTS, check_events, load_events
 from monai_vce.labels import LABELS
-
-from .validation import DEFAULT_MAX_EVENTS, check_events, load_events
 
 __all__ = [
     "segment_tiou",

@@ -176,7 +176,7 @@ class DiffAttnCLIPClassifier(nn.Module):
         )
 
     def _load_text_embeddings(self, text_embeddings: str | os.PathLike | torch.Tensor) -> torch.Tensor:
-        from monai_vce.text_embeddings import load_text_embeddings
+        from .text_embeddings import load_text_embeddings
 
         if isinstance(text_embeddings, torch.Tensor):
             if tuple(text_embeddings.shape) != (self.num_classes, self.embed_dim):

@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
-# event composition and event JSON I/O
-from monai_vce.metrics.validation import check_events, load_events, save_events, validate_events
+# event composition and event JSON I/O (their home is monai_vce.events; re-exported for existing code)
+from monai_vce.events import (
+    COMPOSITIONS,
+    check_events,
+    event_json,
+    events_to_frames,
+    frames_to_events,
+    load_events,
+    save_events,
+    to_challenge_format,
+    validate_events,
+)
 
 # decoding: the paper's chain, presence gating, anatomy decoding, the decoder and its tuning
 from .anatomy import (
@@ -26,7 +36,6 @@ from .chain import (
     threshold_mask,
 )
 from .decoder import DecoderParams, EventDecoder, decode_videos, event_confidence
-from .events import COMPOSITIONS, event_json, events_to_frames, frames_to_events, to_challenge_format
 from .gating import apply_presence_rules, cross_validate_presence, fit_presence_rule, presence_features, video_folds
 from .simulate import NOISE_LEVELS, simulate_probabilities
 from .thresholds import f1_at_thresholds, load_thresholds, optimize_thresholds, save_thresholds

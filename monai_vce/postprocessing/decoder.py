@@ -9,7 +9,7 @@ Steps, for a ``(T, 17)`` probability array of one video (any model's scores in `
    replaced by a Viterbi decode over all sections (with an optional lead-in state for the unannotated
    first frames), of which only the sections found present are emitted; landmarks are kept only near a decoded
    transition across their boundary, and pathologies optionally only inside plausible sections;
-4. event composition with :func:`~monai_vce.postprocessing.events.frames_to_events` (label-set runs by
+4. event composition with :func:`~monai_vce.events.frames_to_events` (label-set runs by
    default, as the ground truth is built; per-label runs as an option), in the caller's frame units;
 5. confidence order: events sorted by a confidence score, highest first (ties keep time order).
 
@@ -41,11 +41,11 @@ from typing import Any
 
 import numpy as np
 
+from ..events import COMPOSITIONS, event_json, frames_to_events
 from ..labels import LABELS, LANDMARKS, NUM_LABELS, SECTIONS
 from ..utils import atomic_write_json
 from .anatomy import decode_sections, landmark_windows, section_gate
 from .chain import CHAIN_STEPS, PAPER_ORDER, PAPER_PARAMS, apply_chain
-from .events import COMPOSITIONS, event_json, frames_to_events
 from .gating import PRESENCE_FEATURES, apply_presence_rules
 
 __all__ = [

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from monai_vce.labels import LABELS, NUM_LABELS
-from monai_vce.metrics.validation import to_challenge_format
+
+from .validation import to_challenge_format
 
 __all__ = ["COMPOSITIONS", "frames_to_events", "events_to_frames", "event_json", "to_challenge_format"]
 

@@ -12,10 +12,9 @@ from ignite.engine import Engine
 from ignite.exceptions import NotComputableError
 from ignite.metrics import Metric
 
+from monai_vce.events import event_json, frames_to_events
 from monai_vce.labels import NUM_LABELS
-from monai_vce.postprocessing.events import event_json, frames_to_events
-
-from .temporal_map import temporal_map, threshold_key
+from monai_vce.metrics.temporal_map import temporal_map, threshold_key
 
 __all__ = ["TemporalMAPMetric", "threshold_decoder"]
 
@@ -71,7 +70,7 @@ class TemporalMAPMetric(Metric):
 
         from monai.engines import SupervisedEvaluator
         from monai.transforms import Activationsd
-        from monai_vce.metrics import TemporalMAPMetric
+        from monai_vce.handlers import TemporalMAPMetric
         from monai_vce.postprocessing import EventDecoder
 
         evaluator = SupervisedEvaluator(
