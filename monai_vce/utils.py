@@ -16,7 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_save_npz", "OutputLock"]
+__all__ = [
+    "default_bundle_root",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "atomic_write_json",
+    "atomic_save_npz",
+    "OutputLock",
+]
 
 PathLike = str | os.PathLike
 
@@ -182,3 +189,18 @@ class OutputLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+def default_bundle_root() -> str:
+    """The bundle folder: ``.`` when run from inside it, ``bundle`` when run from the repository root.
+
+    The configs' ``bundle_root`` uses this, so that both ``cd bundle && python -m monai.bundle run ...
+    --config_file configs/train.json`` and ``python -m monai.bundle run ... --config_file
+    bundle/configs/train.json`` work; ``--bundle_root PATH`` overrides it.
+    """
+    cwd = Path.cwd()
+    if (cwd / "configs" / "metadata.json").is_file():
+        return "."
+    if (cwd / "bundle" / "configs" / "metadata.json").is_file():
+        return "bundle"
+    return str(Path(__file__).resolve().parents[1] / "bundle")

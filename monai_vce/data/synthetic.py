@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import argparse
 import io
+import logging
 import os
 import shutil
 import sys
+import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,8 +52,12 @@ __all__ = [
     "select_source_videos",
     "builtin_timeline",
     "generate_mini_galar",
+    "ensure_mini_galar",
     "main",
 ]
+
+PathLike = str | os.PathLike
+logger = logging.getLogger(__name__)
 
 #: Environment variable naming the real ``galar_events.json`` when it is not at its default place.
 EVENTS_ENV = "MONAI_VCE_GALAR_EVENTS"
@@ -416,6 +423,35 @@ def generate_mini_galar(
         atomic_write_text(out / "metadata.csv", meta_text)
         atomic_write_json(out / "ground_truth.json", {"videos": gt_videos})
     return out
+
+
+def ensure_mini_galar(
+    out_dir: PathLike, videos: int = 8, frames_per_video: int = 120, size: int = 64, seed: int = 0, **kwargs: Any
+) -> str:
+    """Generate a mini-Galar dataset into ``out_dir`` unless a complete one is already there.
+
+    The data is generated into a temporary sibling folder and renamed into place, so an interrupted
+    generation never leaves a half-made dataset behind; ``out_dir/ground_truth.json`` marks a complete one.
+    ``kwargs`` go to :func:`monai_vce.data.synthetic.generate_mini_galar` (e.g. ``use_real_timelines``).
+
+    Returns:
+        ``out_dir`` as a string.
+    """
+    out = Path(out_dir)
+    if (out / "ground_truth.json").is_file():
+        return str(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        generate_mini_galar(tmp, videos=videos, frames_per_video=frames_per_video, size=size, seed=seed, **kwargs)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    logger.info(f"generated mini-Galar ({videos} videos x {frames_per_video} frames, {size} px): {out}")
+    return str(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

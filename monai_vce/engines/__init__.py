@@ -1,7 +1,9 @@
-"""Training engines: the monai-vce training iteration (mixup, dual-path loss, AMP) on MONAI's SupervisedTrainer."""
+"""Training engines: the monai-vce training iteration (mixup, dual-path loss, AMP) on MONAI's SupervisedTrainer,
+and the frame inferer of validation and inference."""
 
 from __future__ import annotations
 
+from .inferer import FrameInferer
 from .trainer import MultiLabelMixUp, VCETrainer, forward_paths
 
-__all__ = ["MultiLabelMixUp", "VCETrainer", "forward_paths"]
+__all__ = ["FrameInferer", "MultiLabelMixUp", "VCETrainer", "forward_paths"]

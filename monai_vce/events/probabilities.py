@@ -7,15 +7,29 @@ names), and ``source`` (what produced the file). Files are written atomically, s
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from monai_vce.labels import LABELS, NUM_LABELS
 from monai_vce.utils import atomic_save_npz
 
-__all__ = ["VideoArrays", "save_video_probs", "load_video_probs", "npz_frame_count", "npz_record"]
+__all__ = [
+    "VideoArrays",
+    "save_video_probs",
+    "load_video_probs",
+    "npz_frame_count",
+    "npz_record",
+    "model_fingerprint",
+    "completed_videos",
+    "pending_frames",
+]
+
+logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
 
@@ -108,3 +122,58 @@ def npz_record(path: PathLike) -> tuple[int, str] | None:
             return int(z["frame_index"].shape[0]), str(z["source"]) if "source" in z.files else ""
     except Exception:
         return None
+
+
+def model_fingerprint(model_file: PathLike) -> str:
+    """A string identifying a model file's current content (path, size, modification time), ``""`` if absent.
+
+    Stored in each probability file, it keeps a resumed inference from reusing the files of another model.
+    """
+    path = Path(model_file)
+    if not path.is_file():
+        return ""
+    st = path.stat()
+    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def completed_videos(
+    datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike, source: str | None = None
+) -> list[str]:
+    """Videos of ``datalist`` whose probability file in ``probs_dir`` is complete.
+
+    A file is complete when it exists (files are written atomically), holds as many frames as the
+    datalist has for that video (a video folder that grew since is recomputed) and, when ``source`` is
+    given, was written from that source (:func:`model_fingerprint`: a retrained model recomputes everything).
+    """
+    counts: dict[str, int] = {}
+    for d in datalist:
+        vid = str(d["video_id"])
+        counts[vid] = counts.get(vid, 0) + 1
+    out = []
+    for vid, n in counts.items():
+        record = npz_record(Path(probs_dir) / f"{vid}.npz")
+        if record is not None and record[0] == n and (source is None or record[1] == source):
+            out.append(vid)
+    return out
+
+
+def pending_frames(
+    datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike, resume: bool = True, source: str | None = None
+) -> list[dict]:
+    """The frames of ``datalist`` still to infer: those of videos without a complete probability file.
+
+    Filtering the datalist before building the dataset makes an interrupted inference resumable: a rerun
+    infers only the videos it had not finished, and the event JSON is still written from every video's file.
+
+    Args:
+        datalist: the full frame datalist.
+        probs_dir: the folder of the per-video ``<video_id>.npz`` files.
+        resume: ``False`` returns the whole datalist (recompute everything).
+        source: what the probability files must have been written from (see :func:`completed_videos`).
+    """
+    if not resume:
+        return list(datalist)
+    done = set(completed_videos(datalist, probs_dir, source=source))
+    if done:
+        logger.info(f"skipping {len(done)} video(s) already inferred in {probs_dir}: {', '.join(sorted(done))}")
+    return [d for d in datalist if str(d["video_id"]) not in done]

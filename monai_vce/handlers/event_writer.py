@@ -32,7 +32,6 @@ from monai_vce.events.probabilities import (
     VideoArrays,
     load_video_probs,
     npz_frame_count,
-    npz_record,
     save_video_probs,
 )
 from monai_vce.labels import NUM_LABELS

@@ -54,6 +54,7 @@ __all__ = [
     "BackboneSource",
     "ImageTower",
     "resolve_backbone",
+    "check_backbone",
     "build_image_tower",
     "load_visual_weights",
     "create_tiny_open_clip",
@@ -522,3 +523,27 @@ def save_tiny_local_dir(
     save_tiny_checkpoint(folder / name, seed=seed, model=model)
     atomic_write_json(folder / "open_clip_config.json", deepcopy(TINY_CONFIG))
     return folder
+
+
+def check_backbone(backbone: str, pretrained: bool | str = True) -> str:
+    """Resolve the backbone before anything is built, with a bundle-specific message when it is unavailable.
+
+    A hub backbone (BiomedCLIP by default) is downloaded and cached here. When neither the hub nor the cache
+    has it, the error says how to pass local weights on the bundle command line, or how to run the demo.
+
+    Returns:
+        ``backbone`` unchanged.
+
+    Raises:
+        RuntimeError: the backbone cannot be loaded (the message lists the alternatives).
+    """
+    try:
+        resolve_backbone(backbone, pretrained=pretrained)
+    except BackboneUnavailableError as e:
+        raise RuntimeError(
+            f"{e}\nWith the bundle: pass a local copy on the command line, e.g. "
+            f"--backbone local-dir:/path/to/BiomedCLIP (a folder with open_clip_config.json and "
+            f"open_clip_pytorch_model.bin) or --backbone /path/to/open_clip_pytorch_model.bin; or run the offline "
+            f"demo, python -m monai_vce.demo (configs train.json + demo.json)."
+        ) from None
+    return backbone

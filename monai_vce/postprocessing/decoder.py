@@ -35,6 +35,7 @@ import copy
 import json
 import math
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ __all__ = [
     "check_probabilities",
     "event_confidence",
     "decode_videos",
+    "load_decoder",
 ]
 
 DECODER_PARAMS_VERSION = 1
@@ -514,3 +516,18 @@ def decode_videos(
             raise ValueError(f"video {vid!r}: expected a (probs, frame_ids) pair") from None
         out[str(vid)] = decoder(probs, frame_ids, video_id=str(vid))
     return event_json(out)
+
+
+def load_decoder(path: str | os.PathLike | None) -> EventDecoder:
+    """An ``EventDecoder`` with the tuned parameters of ``path``, or the default chain with a warning when the
+    file does not exist (the model was not trained or validated with decoder tuning yet)."""
+    if path is None:
+        return EventDecoder()
+    if not Path(path).is_file():
+        warnings.warn(
+            f"decoder parameters {path} not found: decoding with the default parameters; train or evaluate "
+            f"the bundle to tune them, or pass --decoder_params PATH",
+            stacklevel=2,
+        )
+        return EventDecoder()
+    return EventDecoder(path)

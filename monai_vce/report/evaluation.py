@@ -1,0 +1,106 @@
+"""Scoring an evaluation run: its event JSON against the ground truth, written next to a report."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from monai_vce.events import event_json, frames_to_events, load_events
+from monai_vce.events.probabilities import load_video_probs
+from monai_vce.labels import LABELS
+from monai_vce.metrics import temporal_map
+from monai_vce.metrics.frame_average_precision import multilabel_average_precision
+from monai_vce.report.summary import write_report
+from monai_vce.utils import atomic_write_json
+
+__all__ = ["ground_truth", "evaluation_report"]
+
+PathLike = str | os.PathLike
+logger = logging.getLogger(__name__)
+
+
+def ground_truth(datalist: Sequence[Mapping[str, Any]], units: str = "index") -> dict:
+    """The challenge event JSON of a labelled frame datalist: label-set runs of each video's frame labels.
+
+    Args:
+        datalist: labelled frame dicts (``label``, ``video_id``, ``frame_index``, ``frame_number``).
+        units: ``"index"`` (``frame_index``) or ``"frame_number"``.
+    """
+    key = "frame_index" if units == "index" else "frame_number"
+    rows: dict[str, list] = {}
+    for d in datalist:
+        if "label" not in d:
+            raise ValueError(
+                f"datalist item of video {d.get('video_id')} frame {d.get(key)} has no 'label': no ground truth"
+            )
+        rows.setdefault(str(d["video_id"]), []).append((int(d[key]), d["label"]))
+    videos = {}
+    for vid, items in rows.items():
+        items.sort(key=lambda r: r[0])
+        ids = np.array([r[0] for r in items], dtype=np.int64)
+        labels = np.asarray([r[1] for r in items], dtype=np.float32) >= 0.5
+        videos[vid] = frames_to_events(labels, ids, mode="label_set")
+    return event_json(videos)
+
+
+def _frame_ap(datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike) -> dict[str, float | None]:
+    """Frame-level average precision per label of the probability files against the datalist's labels."""
+    labels: dict[str, dict[int, Any]] = {}
+    for d in datalist:
+        labels.setdefault(str(d["video_id"]), {})[int(d["frame_index"])] = d["label"]
+    probs, targets = [], []
+    for vid, rows in labels.items():
+        v = load_video_probs(Path(probs_dir) / f"{vid}.npz")
+        probs.append(v.probs)
+        targets.append(np.asarray([rows[int(i)] for i in v.frame_index], dtype=np.float32))
+    ap = multilabel_average_precision(np.concatenate(probs), np.concatenate(targets))
+    return {name: (None if np.isnan(a) else float(a)) for name, a in zip(LABELS, ap)}
+
+
+def evaluation_report(
+    events_file: PathLike,
+    datalist: Sequence[Mapping[str, Any]],
+    output_dir: PathLike,
+    probs_dir: PathLike | None = None,
+    units: str = "index",
+    draw: bool = True,
+) -> dict[str, Any] | None:
+    """Score an evaluation's event JSON against the datalist's ground truth; print and save the result.
+
+    Writes ``<output_dir>/ground_truth.json`` and ``<output_dir>/metrics.json`` (the
+    :func:`monai_vce.metrics.temporal_map` result, plus ``frame_AP``: the frame-level average precision of each
+    label, ``None`` for a label without positive frames, when ``probs_dir`` is given), and the report of :func:`monai_vce.report.write_report`
+    under ``<output_dir>/report`` when matplotlib is installed. Runs on rank 0 only in distributed runs.
+
+    Returns:
+        The metric result (``None`` on other ranks).
+    """
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+            return None
+    except ImportError:  # pragma: no cover
+        pass
+    out = Path(output_dir)
+    gt = ground_truth(datalist, units=units)
+    pred = load_events(events_file)
+    result = temporal_map(gt, pred)
+    if probs_dir is not None:
+        result["frame_AP"] = _frame_ap(datalist, probs_dir)
+    atomic_write_json(out / "ground_truth.json", gt)
+    atomic_write_json(out / "metrics.json", result)
+    summary = {k: result[k] for k in ("mAP@0.5", "mAP@0.95") if k in result}
+    print(json.dumps({"events_file": str(events_file), "videos": len(gt["videos"]), **summary}), flush=True)
+    if draw:
+        try:
+            write_report(pred, out / "report", gt=gt, probs_dir=probs_dir, units=units)
+        except ImportError as e:  # matplotlib is an optional extra
+            logger.warning(f"report not drawn ({e}); install monai-vce[report] for timelines")
+    return result
