@@ -8,35 +8,36 @@ helper                                                    home
 ========================================================  ==============================================
 ``default_bundle_root``                                   :mod:`monai_vce.utils`
 ``check_folder``, ``galar_datalist``,                     :mod:`monai_vce.data.dataset_folder`
-``inference_datalist``
-``video_ids``                                             this module
+``galar_ground_truth``, ``inference_datalist``
+``video_ids``                                             :mod:`monai_vce.data.splits`
 ``model_fingerprint``, ``completed_videos``,              :mod:`monai_vce.events.probabilities`
 ``pending_frames``                                        (resumable inference)
 ``ensure_mini_galar``                                     :mod:`monai_vce.data.synthetic`
 ``decoder_params``                                        :func:`monai_vce.postprocessing.load_decoder`
 ``check_backbone``                                        :mod:`monai_vce.networks.backbone`
-``ground_truth``, ``evaluation_report``                   :mod:`monai_vce.report.evaluation`
+``ground_truth`` (``datalist_ground_truth``),             :mod:`monai_vce.report.evaluation`
+``evaluation_report``
 ``FrameInferer``                                          :mod:`monai_vce.engines.inferer`
 ========================================================  ==============================================
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
-
-from monai_vce.data.dataset_folder import check_folder, galar_datalist, inference_datalist
+from monai_vce.data.dataset_folder import check_folder, galar_datalist, galar_ground_truth, inference_datalist
+from monai_vce.data.splits import video_ids
 from monai_vce.data.synthetic import ensure_mini_galar
 from monai_vce.engines.inferer import FrameInferer
 from monai_vce.events.probabilities import completed_videos, model_fingerprint, pending_frames
 from monai_vce.networks.backbone import check_backbone
 from monai_vce.postprocessing.decoder import load_decoder as decoder_params
-from monai_vce.report.evaluation import evaluation_report, ground_truth
+from monai_vce.report.evaluation import datalist_ground_truth as ground_truth
+from monai_vce.report.evaluation import evaluation_report
 from monai_vce.utils import default_bundle_root
 
 __all__ = [
     "default_bundle_root",
     "galar_datalist",
+    "galar_ground_truth",
     "inference_datalist",
     "video_ids",
     "model_fingerprint",
@@ -50,8 +51,3 @@ __all__ = [
     "evaluation_report",
     "FrameInferer",
 ]
-
-
-def video_ids(datalist: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Video ids of a frame datalist, in order of first appearance."""
-    return list(dict.fromkeys(str(d["video_id"]) for d in datalist))

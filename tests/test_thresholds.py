@@ -160,7 +160,7 @@ def test_handler_logits_best_only_and_range_check(tmp_path):
     batches = _val_batches(seed=1, logits=True)
     engine = Engine(lambda e, b: b)
     out = tmp_path / "t.json"
-    ThresholdOptimizationHandler(output_path=out, activation="sigmoid", write_on="best").attach(engine)
+    ThresholdOptimizationHandler(output_path=out, sigmoid=True, write_on="best").attach(engine)
     engine.state.best_metric_epoch = -1
     engine.run(batches, max_epochs=1)
     assert not out.exists()  # not the best epoch: nothing written
@@ -170,5 +170,13 @@ def test_handler_logits_best_only_and_range_check(tmp_path):
 
     engine2 = Engine(lambda e, b: b)
     ThresholdOptimizationHandler(output_path=out).attach(engine2)
-    with pytest.raises(ValueError, match="activation='sigmoid'"):
+    with pytest.raises(ValueError, match="sigmoid=True"):
         engine2.run(batches, max_epochs=1)
+
+    # the former argument still works for one release, with a DeprecationWarning
+    engine3 = Engine(lambda e, b: b)
+    with pytest.warns(DeprecationWarning, match="sigmoid=True"):
+        handler = ThresholdOptimizationHandler(activation="sigmoid")
+    handler.attach(engine3)
+    engine3.run(batches, max_epochs=1)
+    np.testing.assert_array_equal(engine3.state.thresholds, optimize_thresholds(p, y))

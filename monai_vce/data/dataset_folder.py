@@ -12,9 +12,10 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from monai_vce.data.galar import build_galar_datalist, build_inference_datalist
+from monai_vce.data.galar import build_galar_datalist, build_ground_truth, build_inference_datalist
+from monai_vce.events.units import FrameUnits
 
-__all__ = ["check_folder", "galar_datalist", "inference_datalist"]
+__all__ = ["check_folder", "galar_datalist", "galar_ground_truth", "inference_datalist"]
 
 PathLike = str | os.PathLike
 
@@ -41,6 +42,21 @@ def galar_datalist(dataset_dir: PathLike, videos: Iterable[str] | None = None) -
     return build_galar_datalist(
         root / "frames", root / "labels", metadata_csv=meta if meta.is_file() else None, videos=videos
     )
+
+
+def galar_ground_truth(
+    dataset_dir: PathLike, videos: Iterable[str] | None = None, frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX
+) -> dict:
+    """The ground truth the challenge scores for videos of a Galar-layout folder: all rows of ``labels/*.csv``
+    (:func:`monai_vce.data.build_ground_truth`), not only the rows whose frame image exists.
+
+    Args:
+        dataset_dir: the folder holding ``labels/<video_id>.csv``.
+        videos: video ids to include (``None``: every CSV).
+        frame_units: ``"frame_index"`` or ``"frame_number"``.
+    """
+    root = Path(check_folder(dataset_dir))
+    return build_ground_truth(root / "labels", videos=videos, frame_units=frame_units)
 
 
 def inference_datalist(dataset_dir: PathLike, videos: Iterable[str] | None = None) -> list[dict]:

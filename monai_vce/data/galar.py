@@ -44,7 +44,10 @@ from typing import Any
 
 import numpy as np
 
+from monai_vce.events.ground_truth import ground_truth_events
+from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import LABELS, NUM_LABELS
+from monai_vce.utils import natural_key
 
 __all__ = [
     "FRAME_FILE_PATTERN",
@@ -95,11 +98,6 @@ UNKNOWN_CAPSULE = "unknown"
 #: Number of examples listed per problem in reports and messages.
 _EXAMPLES = 5
 _BINARY = {"0": 0.0, "1": 1.0, "0.0": 0.0, "1.0": 1.0}
-
-
-def natural_key(text: str) -> tuple:
-    """Sort key ordering embedded numbers numerically (``"2"`` before ``"10"``, ``"ukdd_navi_00051"`` by 51)."""
-    return tuple((0, int(p), p) if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", str(text)) if p != "")
 
 
 def parse_frame_number(name: str) -> int | None:
@@ -784,42 +782,28 @@ def build_inference_datalist(
     return datalist
 
 
-def _label_set_events(labels: np.ndarray, index: np.ndarray) -> list[dict]:
-    """Maximal runs of consecutive ``index`` values carrying the same non-empty label set."""
-    if len(index) == 0:
-        return []
-    order = np.argsort(index, kind="stable")
-    keep = np.ones(len(order), dtype=bool)
-    keep[1:] = index[order][1:] != index[order][:-1]  # a repeated index: its first row counts
-    order = order[keep]
-    idx = index[order]
-    lab = labels[order] > 0.5
-    change = np.ones(len(idx), dtype=bool)
-    change[1:] = (idx[1:] != idx[:-1] + 1) | (lab[1:] != lab[:-1]).any(axis=1)
-    starts = np.flatnonzero(change)
-    ends = np.append(starts[1:] - 1, len(idx) - 1)
-    events = []
-    for s, e in zip(starts.tolist(), ends.tolist()):
-        names = [LABELS[i] for i in np.flatnonzero(lab[s])]
-        if names:
-            events.append({"start": int(idx[s]), "end": int(idx[e]), "label": names})
-    return events
+def build_ground_truth(
+    labels_dir: PathLike,
+    videos: Iterable[str] | None = None,
+    frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
+) -> dict:
+    """Build the challenge event JSON of Galar label CSVs (the frame images are not needed).
 
-
-def build_ground_truth(labels_dir: PathLike, videos: Iterable[str] | None = None) -> dict:
-    """Build the challenge event JSON of Galar label CSVs (``index`` units, frames of images not needed).
-
-    An event is a maximal run of consecutive ``index`` values that carry exactly the same non-empty set of
-    labels (the challenge's ground-truth rule); a gap in ``index`` ends a run. Labels are listed in
-    :data:`LABELS` order.
+    Every video's events come from all the rows of its CSV through
+    :func:`monai_vce.events.ground_truth_events`, the challenge's ground-truth rule: runs of rows carrying the
+    same label set, a gap in the frame ids never ends an event, label lists sorted by name, rows without labels
+    kept as events with an empty label list.
 
     Args:
         labels_dir: folder of ``<video_id>.csv`` label files.
         videos: video ids to include (``None``: every CSV, natural id order).
+        frame_units: ``"frame_index"`` (the CSV's ``index`` column, the challenge's units) or ``"frame_number"``
+            (its ``frame`` column).
 
     Returns:
         ``{"videos": [{"video_id", "events": [{"start", "end", "label"}]}]}``.
     """
+    units = as_frame_units(frame_units)
     labels_dir = Path(labels_dir)
     if not labels_dir.is_dir():
         raise FileNotFoundError(f"labels folder not found: {labels_dir}")
@@ -834,5 +818,6 @@ def build_ground_truth(labels_dir: PathLike, videos: Iterable[str] | None = None
     out = []
     for vid in ids:
         table = read_label_csv(csvs[vid], video_id=vid)
-        out.append({"video_id": vid, "events": _label_set_events(table.labels, table.index)})
+        rows = table.index if units is FrameUnits.FRAME_INDEX else table.frame
+        out.append({"video_id": vid, "events": ground_truth_events(rows, table.labels, video_id=vid)})
     return {"videos": out}

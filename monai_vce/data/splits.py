@@ -25,8 +25,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from monai_vce.data.galar import natural_key
 from monai_vce.labels import NUM_LABELS
+from monai_vce.utils import natural_key
 
 __all__ = [
     "group_by_video",

@@ -2,23 +2,39 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
-from typing import Any
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 from ignite.engine import Engine
 from ignite.exceptions import NotComputableError
 from ignite.metrics import Metric
+from monai.handlers.utils import from_engine
 
 from monai_vce.events import event_json, frames_to_events
-from monai_vce.labels import NUM_LABELS
-from monai_vce.metrics.temporal_map import temporal_map, threshold_key
+from monai_vce.events.units import FrameUnits, as_frame_units
+from monai_vce.metrics.temporal_map import temporal_map, tiou_key
+from monai_vce.postprocessing.tuning import cross_fitted_events
+from monai_vce.utils import renamed_arguments
 
-__all__ = ["TemporalMAPMetric", "threshold_decoder"]
+from .video_collector import DecodingInput, VideoFrameCollector, _ids, to_numpy
+
+__all__ = ["TemporalMAPMetric", "HeldOutDecoder", "threshold_decoder"]
 
 Decoder = Callable[[np.ndarray, np.ndarray], list]
+
+
+@runtime_checkable
+class HeldOutDecoder(Protocol):
+    """Decodes a whole set of validation videos, each with parameters not fitted on it (e.g. by cross-fitting).
+
+    :class:`~monai_vce.handlers.DecoderTuningHandler` is one: the metric then scores the decoder the tuner
+    fits, from the tuner's own fits.
+    """
+
+    def held_out_events(self, inputs: Mapping[str, DecodingInput]) -> Mapping[str, list[dict[str, Any]]]: ...
 
 
 def threshold_decoder(probs: np.ndarray, frame_ids: np.ndarray, threshold: float = 0.5) -> list[dict[str, Any]]:
@@ -32,41 +48,30 @@ def threshold_decoder(probs: np.ndarray, frame_ids: np.ndarray, threshold: float
     return frames_to_events(np.asarray(probs) >= threshold, frame_ids, mode="label_set")
 
 
-def _numpy(x: Any, dtype: Any) -> np.ndarray:
-    """A batch (tensor, array, or decollated list of per-item values) as one numpy array."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().cpu().numpy().astype(dtype, copy=False)
-    if isinstance(x, (list, tuple)):
-        if not x:
-            return np.zeros((0,), dtype=dtype)
-        return np.stack([_numpy(i, dtype) for i in x])
-    return np.asarray(x, dtype=dtype)
+class _CrossFitted:
+    """``decoder="cross_fitted"``: :func:`~monai_vce.postprocessing.tuning.cross_fitted_events` with defaults."""
 
+    def __init__(self, folds: int, tune_kwargs: Mapping[str, Any]) -> None:
+        self.folds = folds
+        self.tune_kwargs = dict(tune_kwargs)
 
-def _strings(x: Any) -> list[str]:
-    if isinstance(x, str):
-        return [x]
-    if isinstance(x, (torch.Tensor, np.ndarray)):
-        return [str(v) for v in x.reshape(-1).tolist()]
-    out: list[str] = []
-    for v in x:
-        out.extend(_strings(v) if isinstance(v, (list, tuple)) else [str(v)])
-    return out
+    def held_out_events(self, inputs: Mapping[str, DecodingInput]) -> Mapping[str, list[dict[str, Any]]]:
+        return cross_fitted_events(inputs, folds=self.folds, **self.tune_kwargs)
 
 
 class TemporalMAPMetric(Metric):
     """Temporal mAP (the RARE-VISION challenge's) of whole validation videos, as an ignite metric.
 
-    Each iteration contributes per-frame probabilities, 17-float targets, video ids and frame indices. At
-    the end of the run the frames are grouped by video and sorted by frame index (duplicates, e.g. the
-    padding of a distributed sampler, are dropped); the ground-truth events of each video are the label-set
-    runs of its targets (``>= 0.5``; :func:`~monai_vce.postprocessing.frames_to_events`), the predicted
-    events come from ``decoder``, and :func:`~monai_vce.metrics.temporal_map` scores them. When the
-    validation frames are a subsample of each video (every n-th frame), the events of both sides span the
-    sampled frame indices, so the score is that of the subsampled timeline.
+    The frames of each validation video are assembled by a :class:`~monai_vce.handlers.VideoFrameCollector`
+    (grouped by video, sorted by frame id, repeated frames dropped, gathered across ranks). Each video's ground
+    truth comes from the collector (:meth:`~monai_vce.handlers.VideoFrameCollector.decoding_inputs`: the labels
+    CSV's ground truth when the collector was given one, else the challenge's rule applied to the collected
+    targets), the predicted events from ``decoder``, and :func:`~monai_vce.metrics.temporal_map` scores them.
 
-    With MONAI's ``SupervisedEvaluator`` (``engine.state.output`` holds ``pred`` and ``label``; the video id
-    and frame index are keys of ``engine.state.batch``) the defaults work as they are::
+    In the bundle the collector is the validation's shared one (``"collector": "@validate#collector"``), which
+    the F1 threshold optimiser and the decoder tuner read too; without ``collector`` the metric collects on its
+    own, and with MONAI's ``SupervisedEvaluator`` (``engine.state.output`` holds ``pred`` and ``label``; the
+    video id and frame id are keys of ``engine.state.batch``) the defaults work as they are::
 
         from monai.engines import SupervisedEvaluator
         from monai.transforms import Activationsd
@@ -79,83 +84,92 @@ class TemporalMAPMetric(Metric):
             key_val_metric={"val_temporal_mAP": TemporalMAPMetric(decoder=EventDecoder("decoder.json"))},
         )
 
-    ``output_transform`` may instead return all four items, ``(pred, label, video_ids, frame_indices)``,
-    and ``batch_transform`` is then not used.
-
-    ``decoder="cross_fitted"`` scores the model as it will be used, with a decoder tuned for it, yet without
-    scoring a video with parameters fitted on that video: the validation videos are dealt into ``folds``
-    folds, and each fold is decoded by :func:`~monai_vce.postprocessing.tune_decoder` fitted on the other
-    folds (``tune_kwargs`` are passed on). A fixed decoder can rank epochs by how well the model happens to
-    suit that decoder (a model that grows more confident may emit more labels that the fixed thresholds
-    keep, and lose the absent-label scores), which the cross-fitted score does not. With fewer than
-    ``folds`` videos it falls back to the default decoder, with a warning.
+    Held-out decoding. A decoder tuned on the validation videos scores the model as it will be used, but must not
+    score a video with parameters fitted on that video: ``decoder`` may be a :class:`HeldOutDecoder` (the bundle
+    passes its :class:`~monai_vce.handlers.DecoderTuningHandler`, which cross-fits the decoder it tunes), or
+    ``"cross_fitted"``: the validation videos are dealt into ``folds`` folds and each fold is decoded by
+    :func:`~monai_vce.postprocessing.tune_decoder` fitted on the other folds (``tune_kwargs`` are passed on). A
+    fixed decoder can rank epochs by how well the model happens to suit that decoder, which the cross-fitted
+    score does not. With fewer than ``folds`` videos it falls back to :func:`threshold_decoder`, with a warning.
 
     Args:
-        decoder: callable ``(probs (T, 17), frame_ids (T,)) -> events`` (e.g.
-            ``monai_vce.postprocessing.EventDecoder``), ``"cross_fitted"`` (see above), or None for
-            :func:`threshold_decoder` at 0.5.
-        folds: number of folds of the ``"cross_fitted"`` decoder.
+        decoder: callable ``(probs (T, 17), frame_ids (T,)) -> events`` (e.g. an
+            :class:`~monai_vce.postprocessing.EventDecoder`), a :class:`HeldOutDecoder`, ``"cross_fitted"``, or
+            ``None`` for :func:`threshold_decoder` at 0.5.
+        folds: number of folds of ``"cross_fitted"``.
         tune_kwargs: keyword arguments of :func:`~monai_vce.postprocessing.tune_decoder` for ``"cross_fitted"``
             (default: one round).
-        threshold: the tIoU threshold of the value returned by :meth:`compute` (and stored under the
-            metric's name in ``engine.state.metrics``).
-        thresholds: further tIoU thresholds, each stored as ``"<name>_tiou<t>"`` in ``engine.state.metrics``
-            (no ``@``: MLflow and TensorBoard accept only plain metric names).
+        tiou_threshold: the tIoU threshold of the value returned by :meth:`compute` (and stored under the
+            metric's name in ``engine.state.metrics``); formerly ``threshold``.
+        tiou_thresholds: further tIoU thresholds, each stored as ``"<name>_tiou<t>"`` in ``engine.state.metrics``
+            (no ``@``: MLflow and TensorBoard accept only plain metric names); formerly ``thresholds``.
         sigmoid: apply a sigmoid to ``pred`` (when it holds logits rather than probabilities).
-        output_transform: ``engine.state.output -> (pred, label)`` or ``(pred, label, video_ids,
-            frame_indices)``; default ``monai.handlers.from_engine(["pred", "label"])``.
-        batch_transform: ``engine.state.batch -> (video_ids, frame_indices)``; default
-            ``monai.handlers.from_engine([video_key, frame_key])``.
+        output_transform: ``engine.state.output -> (pred, label)`` or ``(pred, label, video_ids, frame_ids)``;
+            default ``monai.handlers.from_engine(["pred", "label"])``. Not used with ``collector``.
+        batch_transform: ``engine.state.batch -> (video_ids, frame_ids)``; default
+            ``monai.handlers.from_engine([video_key, frame_units])``. Not used with ``collector``.
         video_key: batch key of the video id.
-        frame_key: batch key of the frame index (``"frame_number"`` for frame-number units).
+        frame_units: the frame ids events count in, ``"frame_index"`` or ``"frame_number"`` (also the batch key
+            of the frame ids); with ``collector``, the collector's units. Formerly ``frame_key``.
         save_details: also store the full :func:`~monai_vce.metrics.temporal_map` result in
             ``engine.state.metric_details[name]`` (MONAI's convention).
         device: ignite metric device (accumulation is on the CPU in numpy whatever it is).
+        collector: the validation's :class:`~monai_vce.handlers.VideoFrameCollector` (attached to the evaluator
+            as a handler); ``None``: the metric collects on its own.
 
     Attributes:
         result: the full result of the last :meth:`compute` (``per_video``, ``per_label``, ...).
     """
 
+    @renamed_arguments(threshold="tiou_threshold", thresholds="tiou_thresholds", frame_key="frame_units")
     def __init__(
         self,
-        decoder: Decoder | str | None = None,
+        decoder: Decoder | HeldOutDecoder | str | None = None,
         folds: int = 2,
         tune_kwargs: dict[str, Any] | None = None,
-        threshold: float = 0.5,
-        thresholds: Sequence[float] = (0.5, 0.95),
+        tiou_threshold: float = 0.5,
+        tiou_thresholds: Sequence[float] = (0.5, 0.95),
         sigmoid: bool = False,
         output_transform: Callable | None = None,
         batch_transform: Callable | None = None,
         video_key: str = "video_id",
-        frame_key: str = "frame_index",
+        frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
         save_details: bool = True,
         device: str | torch.device = "cpu",
+        collector: VideoFrameCollector | None = None,
     ) -> None:
-        from monai.handlers.utils import from_engine
-
         if isinstance(decoder, str) and decoder != "cross_fitted":
             raise ValueError(f"decoder must be a callable, 'cross_fitted' or None, got {decoder!r}")
-        self.decoder = decoder if decoder is not None else threshold_decoder
         self.folds = int(folds)
         self.tune_kwargs = {"rounds": 1, **(tune_kwargs or {})}
-        self.threshold = float(threshold)
-        self.thresholds = tuple(dict.fromkeys([self.threshold, *map(float, thresholds)]))
+        if decoder == "cross_fitted":
+            decoder = _CrossFitted(self.folds, self.tune_kwargs)
+        self.decoder: Any = decoder if decoder is not None else threshold_decoder
+        self.tiou_threshold = float(tiou_threshold)
+        self.tiou_thresholds = tuple(dict.fromkeys([self.tiou_threshold, *map(float, tiou_thresholds)]))
         self.sigmoid = sigmoid
-        self.batch_transform = batch_transform if batch_transform is not None else from_engine([video_key, frame_key])
+        units = as_frame_units(frame_units)
+        self.batch_transform = batch_transform if batch_transform is not None else from_engine([video_key, units.value])
         self.save_details = save_details
         self.result: dict[str, Any] | None = None
+        self._owns_collector = collector is None
+        self.collector = (
+            collector
+            if collector is not None
+            else VideoFrameCollector(label_key="label", sigmoid=sigmoid, frame_units=units)
+        )
         super().__init__(
             output_transform=output_transform if output_transform is not None else from_engine(["pred", "label"]),
             device=device,
         )
 
     def reset(self) -> None:
-        self._probs: list[np.ndarray] = []
-        self._targets: list[np.ndarray] = []
-        self._videos: list[str] = []
-        self._frames: list[np.ndarray] = []
+        if getattr(self, "_owns_collector", False):
+            self.collector.reset()
 
     def iteration_completed(self, engine: Engine) -> None:
+        if not self._owns_collector:
+            return  # the shared collector, attached to the evaluator, collects the frames
         out = self._output_transform(engine.state.output)
         if len(out) == 2:
             video_ids, frames = self.batch_transform(engine.state.batch)
@@ -163,108 +177,46 @@ class TemporalMAPMetric(Metric):
         self.update(out)
 
     def update(self, output: Sequence[Any]) -> None:
-        """Add one batch: ``(pred (B, 17), label (B, 17), video_ids (B,), frame_indices (B,))``."""
+        """Add one batch: ``(pred (B, 17), label (B, 17), video_ids (B,), frame_ids (B,))``."""
         if len(output) != 4:
             raise ValueError(
-                f"{type(self).__name__} expects (pred, label, video_ids, frame_indices), got {len(output)} items"
+                f"{type(self).__name__} expects (pred, label, video_ids, frame_ids), got {len(output)} items"
             )
         pred, label, video_ids, frames = output
-        probs = _numpy(pred, np.float32).reshape(-1, NUM_LABELS)
-        targets = _numpy(label, np.float32).reshape(-1, NUM_LABELS)
-        vids = _strings(video_ids)
-        idx = _numpy(frames, np.int64).reshape(-1)
-        if not (len(probs) == len(targets) == len(vids) == len(idx)):
-            raise ValueError(
-                f"{type(self).__name__}: batch sizes differ: pred {len(probs)}, label {len(targets)}, "
-                f"video ids {len(vids)}, frame indices {len(idx)}"
-            )
-        if self.sigmoid:
-            probs = 1.0 / (1.0 + np.exp(-probs))
-        self._probs.append(probs)
-        self._targets.append(targets)
-        self._videos.extend(vids)
-        self._frames.append(idx)
-
-    def _gathered(self) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
-        probs = np.concatenate(self._probs) if self._probs else np.zeros((0, NUM_LABELS), np.float32)
-        targets = np.concatenate(self._targets) if self._targets else np.zeros((0, NUM_LABELS), np.float32)
-        frames = np.concatenate(self._frames) if self._frames else np.zeros((0,), np.int64)
-        import ignite.distributed as idist
-
-        if idist.get_world_size() <= 1:
-            return probs, targets, list(self._videos), frames
-        vocab, codes = np.unique(np.asarray(self._videos, dtype=str), return_inverse=True)
-        # different frame counts per rank: gather the sizes, then padded tensors; video ids as a
-        # per-rank vocabulary (one JSON string) plus per-frame integer codes
-        dev = idist.device()
-        sizes = [int(s) for s in idist.all_gather(len(frames))]
-        vocabs = [json.loads(s) for s in idist.all_gather(json.dumps([str(v) for v in vocab]))]
-
-        def gather(a: np.ndarray) -> list[np.ndarray]:
-            t = torch.as_tensor(a).to(dev)
-            shapes = [[s, *a.shape[1:]] for s in sizes]
-            return [x.cpu().numpy() for x in idist.all_gather_tensors_with_shapes(t, shapes)]
-
-        all_probs = np.concatenate(gather(probs))
-        all_targets = np.concatenate(gather(targets))
-        all_frames = np.concatenate(gather(frames))
-        all_codes = gather(np.asarray(codes, dtype=np.int64).reshape(-1))
-        all_vids = [v for voc, c in zip(vocabs, all_codes) for v in np.asarray(voc, dtype=object)[c].tolist()]
-        return all_probs, all_targets, all_vids, all_frames
+        self.collector.update(
+            _ids(video_ids), to_numpy(pred, np.float32), to_numpy(frames, np.int64), targets=to_numpy(label, np.float32)
+        )
 
     def compute(self) -> float:
-        probs, targets, vids, frames = self._gathered()
-        if len(frames) == 0:
+        inputs = self.collector.decoding_inputs()
+        if not inputs:
             raise NotComputableError(f"{type(self).__name__} must have at least one frame before it can be computed")
-        vid_arr = np.asarray(vids, dtype=str)
-        # one stable sort by (video, frame): frames of a video become contiguous and ordered
-        order = np.lexsort((frames, vid_arr))
-        vid_arr, frames, probs, targets = vid_arr[order], frames[order], probs[order], targets[order]
-        keep = np.r_[True, (vid_arr[1:] != vid_arr[:-1]) | (frames[1:] != frames[:-1])]
-        vid_arr, frames, probs, targets = vid_arr[keep], frames[keep], probs[keep], targets[keep]
-        bounds = np.flatnonzero(np.r_[True, vid_arr[1:] != vid_arr[:-1], True])
-        gt_videos, videos = {}, {}
-        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-            vid, ids = str(vid_arr[lo]), frames[lo:hi]
-            gt_videos[vid] = frames_to_events(targets[lo:hi] >= 0.5, ids, mode="label_set")
-            videos[vid] = (probs[lo:hi], ids)
-        if self.decoder == "cross_fitted":
-            pred_videos = self._cross_fitted(videos, gt_videos)
+        gt = {vid: item[2] for vid, item in inputs.items()}
+        if isinstance(self.decoder, HeldOutDecoder):
+            pred = self._held_out(inputs)
         else:
-            pred_videos = {vid: list(self.decoder(p, ids)) for vid, (p, ids) in videos.items()}
-        self.result = temporal_map(
-            event_json(gt_videos), event_json(pred_videos), thresholds=self.thresholds, validate=True
-        )
-        return float(self.result[f"mAP@{threshold_key(self.threshold)}"])
+            pred = {vid: list(self.decoder(p, ids)) for vid, (p, ids, _) in inputs.items()}
+        self.result = temporal_map(event_json(gt), event_json(pred), tiou_thresholds=self.tiou_thresholds)
+        return float(self.result[f"mAP@{tiou_key(self.tiou_threshold)}"])
 
-    def _cross_fitted(self, videos: dict[str, tuple], gt_videos: dict[str, list]) -> dict[str, list]:
-        """Decode each fold of videos with a decoder tuned on the other folds."""
-        import warnings
-
-        from monai_vce.postprocessing import EventDecoder, tune_decoder, video_folds
-
-        vids = sorted(videos)
-        if len(vids) < max(2, self.folds):
+    def _held_out(self, inputs: Mapping[str, DecodingInput]) -> dict[str, list]:
+        events = self.decoder.held_out_events(inputs)
+        if events is None:
             warnings.warn(
-                f"{type(self).__name__}: {len(vids)} validation video(s) cannot be cross-fitted in {self.folds} "
-                "folds; scoring with the default threshold decoder",
+                f"{type(self).__name__}: {len(inputs)} validation video(s) cannot be cross-fitted in "
+                f"{getattr(self.decoder, 'folds', self.folds)} folds; scoring with the default threshold decoder",
                 stacklevel=2,
             )
-            return {v: list(threshold_decoder(*videos[v])) for v in vids}
-        fold = video_folds(len(vids), self.folds, seed=0)
-        pred: dict[str, list] = {}
-        for k in range(int(fold.max()) + 1):
-            fit = [(*videos[v], gt_videos[v]) for v, f in zip(vids, fold) if f != k]
-            decoder = EventDecoder(tune_decoder(fit, **self.tune_kwargs))
-            pred.update({v: list(decoder(*videos[v])) for v, f in zip(vids, fold) if f == k})
-        return pred
+            return {vid: list(threshold_decoder(p, ids)) for vid, (p, ids, _) in inputs.items()}
+        return {vid: list(events[vid]) for vid in inputs}
 
     def completed(self, engine: Engine, name: str) -> None:
         value = self.compute()
         engine.state.metrics[name] = value
-        for t in self.thresholds:
-            if t != self.threshold:
-                engine.state.metrics[f"{name}_tiou{threshold_key(t)}"] = float(self.result[f"mAP@{threshold_key(t)}"])
+        assert self.result is not None
+        for t in self.tiou_thresholds:
+            if t != self.tiou_threshold:
+                engine.state.metrics[f"{name}_tiou{tiou_key(t)}"] = float(self.result[f"mAP@{tiou_key(t)}"])
         if self.save_details:
             if not hasattr(engine.state, "metric_details"):
                 engine.state.metric_details = {}

@@ -8,6 +8,7 @@ a ``DeprecationWarning``). Event JSON validation and I/O live in :mod:`monai_vce
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from monai_vce.events.validation import (
@@ -20,22 +21,24 @@ from monai_vce.events.validation import (
     validate_events,
 )
 
+from .frame_average_precision import multilabel_average_precision
 from .temporal_map import (
     average_precision,
     segment_tiou,
     temporal_map,
     temporal_map_reference,
-    threshold_key,
+    tiou_key,
     video_average_precision,
 )
 
 __all__ = [
     "temporal_map",
     "temporal_map_reference",
+    "multilabel_average_precision",
     "video_average_precision",
     "average_precision",
     "segment_tiou",
-    "threshold_key",
+    "tiou_key",
     "validate_events",
     "check_events",
     "load_events",
@@ -48,10 +51,16 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "threshold_key":  # deprecated name of tiou_key
+        warnings.warn(
+            "monai_vce.metrics.threshold_key is deprecated and will be removed in the next release; use tiou_key",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return tiou_key
     if name == "TemporalMAPMetric":
-        # deprecated alias of the metric's new home (a handler, above this package); removed in the next release
-        import warnings
-
+        # deprecated alias of the metric's new home, a handler, on a floor above this package: imported on use
+        # only, so that metrics stays free of torch and ignite; removed in the next release
         from monai_vce.handlers.temporal_map_metric import TemporalMAPMetric
 
         warnings.warn(

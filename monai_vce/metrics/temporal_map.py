@@ -28,6 +28,7 @@ per-pair Python implementation of the same rules, kept as the reference for test
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,6 +36,7 @@ import numpy as np
 
 from monai_vce.events.validation import DEFAULT_MAX_EVENTS, check_events, load_events
 from monai_vce.labels import LABELS
+from monai_vce.utils import renamed_arguments
 
 __all__ = [
     "segment_tiou",
@@ -42,7 +44,7 @@ __all__ = [
     "video_average_precision",
     "temporal_map",
     "temporal_map_reference",
-    "threshold_key",
+    "tiou_key",
 ]
 
 EventJSON = Mapping[str, Any]
@@ -50,16 +52,27 @@ EventJSON = Mapping[str, Any]
 _PAIR_BLOCK = 1 << 22
 
 
-def threshold_key(threshold: float) -> str:
+def tiou_key(tiou_threshold: float) -> str:
     """The text form of a tIoU threshold used in result keys: ``0.5 -> "0.5"`` (``mAP@0.5``)."""
-    return f"{threshold:g}"
+    return f"{tiou_threshold:g}"
 
 
-def _check_thresholds(thresholds: float | Sequence[float]) -> tuple[float, ...]:
-    if isinstance(thresholds, (int, float)):
-        thresholds = (thresholds,)
+def __getattr__(name: str) -> Any:
+    if name == "threshold_key":
+        warnings.warn(
+            "monai_vce.metrics.threshold_key is deprecated and will be removed in the next release; use tiou_key",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return tiou_key
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _check_tiou_thresholds(tiou_thresholds: float | Sequence[float]) -> tuple[float, ...]:
+    if isinstance(tiou_thresholds, (int, float)):
+        tiou_thresholds = (tiou_thresholds,)
     out: list[float] = []
-    for t in thresholds:
+    for t in tiou_thresholds:
         if (
             isinstance(t, bool)
             or not isinstance(t, (int, float, np.floating, np.integer))
@@ -168,20 +181,21 @@ def _greedy_tp(rows: np.ndarray, cols: np.ndarray, n_pred: int, n_gt: int) -> np
     return tp
 
 
+@renamed_arguments(thresholds="tiou_thresholds")
 def average_precision(
-    gt: np.ndarray, pred: np.ndarray, thresholds: float | Sequence[float] = (0.5, 0.95)
+    gt: np.ndarray, pred: np.ndarray, tiou_thresholds: float | Sequence[float] = (0.5, 0.95)
 ) -> np.ndarray:
     """Challenge AP of one (video, label): segments in listed order, greedy first match.
 
     Args:
         gt: (G, 2) integer ``[start, end]`` ground-truth segments in listed order.
         pred: (P, 2) integer ``[start, end]`` predicted segments in listed order.
-        thresholds: tIoU thresholds.
+        tiou_thresholds: tIoU thresholds (formerly ``thresholds``).
 
     Returns:
         (K,) float64 AP per threshold.
     """
-    ths = _check_thresholds(thresholds)
+    ths = _check_tiou_thresholds(tiou_thresholds)
     gt = np.asarray(gt, dtype=np.int64).reshape(-1, 2)
     pred = np.asarray(pred, dtype=np.int64).reshape(-1, 2)
     return _average_precision(gt, pred, ths)
@@ -233,10 +247,11 @@ def _segments_by_label(events: Sequence[Mapping[str, Any]], index: Mapping[str, 
     ]
 
 
+@renamed_arguments(thresholds="tiou_thresholds")
 def video_average_precision(
     gt_events: Sequence[Mapping[str, Any]],
     pred_events: Sequence[Mapping[str, Any]],
-    thresholds: float | Sequence[float] = (0.5, 0.95),
+    tiou_thresholds: float | Sequence[float] = (0.5, 0.95),
     labels: Sequence[str] = LABELS,
 ) -> np.ndarray:
     """Challenge AP of one video for every label and threshold.
@@ -244,13 +259,13 @@ def video_average_precision(
     Args:
         gt_events: the video's ground-truth events (``start``, ``end``, ``label`` list), in listed order.
         pred_events: the video's predicted events, in listed order (extra keys such as ``score`` are ignored).
-        thresholds: tIoU thresholds.
+        tiou_thresholds: tIoU thresholds (formerly ``thresholds``).
         labels: the labels to score.
 
     Returns:
         (L, K) float64 AP; the video's mAP at threshold k is ``ap[:, k].mean()``.
     """
-    ths = _check_thresholds(thresholds)
+    ths = _check_tiou_thresholds(tiou_thresholds)
     labels = _check_labels(labels)
     index = {name: i for i, name in enumerate(labels)}
     gt_segs = _segments_by_label(gt_events, index, len(labels))
@@ -282,11 +297,11 @@ def _assemble(
     extra: list[str],
     missing: list[str],
 ) -> dict[str, Any]:
-    keys = [threshold_key(t) for t in ths]
+    keys = [tiou_key(t) for t in ths]
     stack = np.stack(aps) if aps else np.zeros((0, len(labels), len(ths)))  # (V, L, K)
     video_map = stack.mean(axis=1)  # (V, K)
     result: dict[str, Any] = {f"mAP@{k}": float(video_map[:, i].mean()) for i, k in enumerate(keys)}
-    result["thresholds"] = list(ths)
+    result["tiou_thresholds"] = list(ths)
     result["num_videos"] = len(vids)
     result["per_label"] = {
         name: {k: float(stack[:, j, i].mean()) for i, k in enumerate(keys)} for j, name in enumerate(labels)
@@ -303,10 +318,11 @@ def _assemble(
     return result
 
 
+@renamed_arguments(thresholds="tiou_thresholds")
 def temporal_map(
     gt: EventJSON | str | os.PathLike,
     pred: EventJSON | str | os.PathLike,
-    thresholds: float | Sequence[float] = (0.5, 0.95),
+    tiou_thresholds: float | Sequence[float] = (0.5, 0.95),
     labels: Sequence[str] = LABELS,
     validate: bool = True,
 ) -> dict[str, Any]:
@@ -319,13 +335,13 @@ def temporal_map(
     Args:
         gt: ground-truth event JSON (dict) or the path of its file.
         pred: predicted event JSON (dict) or the path of its file. Extra event keys (``score``) are ignored.
-        thresholds: tIoU thresholds in [0, 1].
+        tiou_thresholds: tIoU thresholds in [0, 1] (formerly ``thresholds``).
         labels: labels averaged in each video's mAP (the 17 :data:`~monai_vce.labels.LABELS` by default).
         validate: check both inputs with :func:`~monai_vce.metrics.check_events` first (extra event keys
             tolerated); turn off only for inputs known to be valid (e.g. in a tuning loop).
 
     Returns:
-        ``{"mAP@0.5": float, "mAP@0.95": float, "thresholds": [...], "num_videos": int,
+        ``{"mAP@0.5": float, "mAP@0.95": float, "tiou_thresholds": [...], "num_videos": int,
         "per_label": {label: {"0.5": mean AP over videos, ...}},
         "per_video": {video_id: {"mAP@0.5": .., "mAP@0.95": .., "AP": {label: {"0.5": .., "0.95": ..}}}},
         "missing_pred_videos": [...], "extra_pred_videos": [...]}``; one ``mAP@{t:g}`` key per threshold.
@@ -333,7 +349,7 @@ def temporal_map(
     Raises:
         ValueError: invalid inputs, thresholds or labels, or a ground truth without videos.
     """
-    ths = _check_thresholds(thresholds)
+    ths = _check_tiou_thresholds(tiou_thresholds)
     labels = _check_labels(labels)
     gt_obj, gt_name = _as_event_json(gt, "ground truth", validate)
     pred_obj, _ = _as_event_json(pred, "prediction", validate)
@@ -358,7 +374,7 @@ def _tiou_reference(a: tuple[int, int], b: tuple[int, int]) -> float:
     return inter / union
 
 
-def _ap_reference(gt: list[tuple[int, int]], pred: list[tuple[int, int]], threshold: float) -> float:
+def _ap_reference(gt: list[tuple[int, int]], pred: list[tuple[int, int]], tiou_threshold: float) -> float:
     if not gt:
         return 0.0 if pred else 1.0
     matched = [False] * len(gt)
@@ -366,7 +382,7 @@ def _ap_reference(gt: list[tuple[int, int]], pred: list[tuple[int, int]], thresh
     for p in pred:
         hit = 0
         for j, g in enumerate(gt):
-            if not matched[j] and _tiou_reference(p, g) >= threshold:
+            if not matched[j] and _tiou_reference(p, g) >= tiou_threshold:
                 matched[j] = True
                 hit = 1
                 break
@@ -380,10 +396,11 @@ def _ap_reference(gt: list[tuple[int, int]], pred: list[tuple[int, int]], thresh
     return ap
 
 
+@renamed_arguments(thresholds="tiou_thresholds")
 def temporal_map_reference(
     gt: EventJSON | str | os.PathLike,
     pred: EventJSON | str | os.PathLike,
-    thresholds: float | Sequence[float] = (0.5, 0.95),
+    tiou_thresholds: float | Sequence[float] = (0.5, 0.95),
     labels: Sequence[str] = LABELS,
     validate: bool = True,
 ) -> dict[str, Any]:
@@ -392,7 +409,7 @@ def temporal_map_reference(
     Same arguments, rules and result as :func:`temporal_map`; it exists to check the vectorised version in
     tests and to measure its speed-up. Its cost is O(P x G) Python steps per (video, label).
     """
-    ths = _check_thresholds(thresholds)
+    ths = _check_tiou_thresholds(tiou_thresholds)
     labels = _check_labels(labels)
     gt_obj, gt_name = _as_event_json(gt, "ground truth", validate)
     pred_obj, _ = _as_event_json(pred, "prediction", validate)

@@ -23,6 +23,7 @@ from .diff_attention import (
     find_vit_blocks,
 )
 from .heads import DEFAULT_LOGIT_SCALE, SEGatedClassifierHead, TextContrastiveHead
+from .text_embeddings import load_text_embeddings
 
 __all__ = ["DiffAttnCLIPClassifier", "FUSION_MODES"]
 
@@ -176,8 +177,6 @@ class DiffAttnCLIPClassifier(nn.Module):
         )
 
     def _load_text_embeddings(self, text_embeddings: str | os.PathLike | torch.Tensor) -> torch.Tensor:
-        from .text_embeddings import load_text_embeddings
-
         if isinstance(text_embeddings, torch.Tensor):
             if tuple(text_embeddings.shape) != (self.num_classes, self.embed_dim):
                 raise ValueError(

@@ -29,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from monai_vce.labels import LABELS, all_prompts
+from monai_vce.utils import atomic_write_bytes
+
+from .backbone import resolve_backbone
 
 __all__ = ["compute_text_embeddings", "save_text_embeddings", "load_text_embeddings", "main"]
 
@@ -133,8 +136,6 @@ def compute_text_embeddings(
     import torch
     import torch.nn.functional as F
 
-    from monai_vce.networks.backbone import resolve_backbone
-
     prompts = dict(all_prompts() if prompts is None else prompts)
     missing = [label for label in LABELS if not prompts.get(label)]
     if missing:
@@ -186,8 +187,6 @@ def compute_text_embeddings(
 def save_text_embeddings(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
     """Write the result of :func:`compute_text_embeddings` atomically with ``torch.save``."""
     import torch
-
-    from monai_vce.utils import atomic_write_bytes
 
     buffer = io.BytesIO()
     torch.save(dict(result), buffer)

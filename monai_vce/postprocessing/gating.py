@@ -34,10 +34,14 @@ from typing import Any
 
 import numpy as np
 
+from .steps import MAX_FRAMES, Param
+
 __all__ = [
     "PRESENCE_FEATURES",
+    "PRESENCE_PARAMS",
     "DEFAULT_CANDIDATE_RULES",
     "presence_features",
+    "column_presence",
     "apply_presence_rules",
     "fit_presence_rule",
     "video_folds",
@@ -45,6 +49,17 @@ __all__ = [
 ]
 
 PRESENCE_FEATURES: tuple[str, ...] = ("none", "never", "peak", "quantile", "support")
+#: Features compared with a ``cutoff``.
+_CUTOFF_FEATURES: tuple[str, ...] = ("peak", "quantile", "support")
+#: The settings of a presence rule besides ``feature``.
+PRESENCE_PARAMS: dict[str, Param] = {
+    p.name: p
+    for p in (
+        Param("cutoff", "number", None, -1e9, 1e9, doc="the label is present when feature >= cutoff"),
+        Param("window", "integer", 1, 1, MAX_FRAMES, doc="frames averaged by the 'peak' feature"),
+        Param("q", "number", 0.99, 0.0, 1.0, doc="quantile of the 'quantile' feature"),
+    )
+}
 
 #: Feature settings tried by :func:`fit_presence_rule` (the cutoff is fitted for each).
 DEFAULT_CANDIDATE_RULES: tuple[dict[str, Any], ...] = (
@@ -100,30 +115,56 @@ def presence_features(
     raise ValueError(f"unknown presence feature {feature!r}; expected one of {list(PRESENCE_FEATURES)}")
 
 
-def apply_presence_rules(probs: np.ndarray, mask: np.ndarray, rules: Sequence[Mapping[str, Any]]) -> np.ndarray:
-    """Return the ``(C,)`` boolean presence of each class of one video under per-class ``rules``.
+def column_presence(
+    probs: np.ndarray, mask: np.ndarray, labels: Sequence[int] | np.ndarray, rules: Sequence[Mapping[str, Any]]
+) -> np.ndarray:
+    """Presence of ``K`` decoded columns of one video, each under its own rule (the one presence kernel).
 
-    Classes sharing a rule setting are computed together.
+    Columns sharing a rule setting are computed together. ``"support"`` counts the active frames of the
+    column itself (the chain's mask after anatomy gating, i.e. the frames the label would be emitted on); the
+    other features read the column's label in ``probs``.
+
+    Args:
+        probs: ``(T, 17)`` probabilities.
+        mask: ``(T, K)`` decoded columns.
+        labels: ``(K,)`` the label (column of ``probs``) of each decoded column.
+        rules: ``K`` presence rules.
+
+    Returns:
+        ``(K,)`` booleans.
     """
-    C = probs.shape[1]
-    if len(rules) != C:
-        raise ValueError(f"expected {C} presence rules, got {len(rules)}")
-    present = np.ones(C, dtype=bool)
+    labels = np.asarray(labels, dtype=np.int64)
+    K = labels.size
+    if len(rules) != K or mask.shape[1] != K:
+        raise ValueError(f"expected {mask.shape[1]} presence rules and labels, got {len(rules)} and {K}")
+    present = np.ones(K, dtype=bool)
     groups: dict[tuple, list[int]] = {}
-    for c, rule in enumerate(rules):
+    for k, rule in enumerate(rules):
         feature = rule.get("feature", "none")
         if feature == "none":
             continue
         if feature == "never":
-            present[c] = False
+            present[k] = False
             continue
-        key = (rule["feature"], rule.get("window"), rule.get("q"))
-        groups.setdefault(key, []).append(c)
+        groups.setdefault((feature, rule.get("window"), rule.get("q")), []).append(k)
     for cols in groups.values():
-        f = presence_features(probs, mask, rules[cols[0]], cols)
+        rule = rules[cols[0]]
+        if rule["feature"] == "support":
+            f = presence_features(probs, mask, rule, cols)
+        else:
+            f = presence_features(probs, None, rule, labels[cols])
         cut = np.array([float(rules[c]["cutoff"]) for c in cols])
         present[cols] = f >= cut
     return present
+
+
+def apply_presence_rules(probs: np.ndarray, mask: np.ndarray, rules: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """Return the ``(C,)`` boolean presence of each class of one video under per-class ``rules``
+    (:func:`column_presence` of the columns of ``mask``, column ``c`` being label ``c``)."""
+    C = probs.shape[1]
+    if len(rules) != C:
+        raise ValueError(f"expected {C} presence rules, got {len(rules)}")
+    return column_presence(probs, mask, np.arange(C), rules)
 
 
 def fit_presence_rule(

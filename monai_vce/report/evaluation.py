@@ -11,28 +11,37 @@ from typing import Any
 
 import numpy as np
 
-from monai_vce.events import event_json, frames_to_events, load_events
-from monai_vce.events.probabilities import load_video_probs
+from monai_vce.events import load_events
+from monai_vce.events.ground_truth import ground_truth_events
+from monai_vce.events.probabilities import load_video_probs, probability_file
+from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import LABELS
 from monai_vce.metrics import temporal_map
 from monai_vce.metrics.frame_average_precision import multilabel_average_precision
 from monai_vce.report.summary import write_report
-from monai_vce.utils import atomic_write_json
+from monai_vce.utils import atomic_write_json, renamed_arguments
 
-__all__ = ["ground_truth", "evaluation_report"]
+__all__ = ["datalist_ground_truth", "evaluation_report"]
 
 PathLike = str | os.PathLike
 logger = logging.getLogger(__name__)
 
 
-def ground_truth(datalist: Sequence[Mapping[str, Any]], units: str = "index") -> dict:
-    """The challenge event JSON of a labelled frame datalist: label-set runs of each video's frame labels.
+@renamed_arguments(units="frame_units")
+def datalist_ground_truth(
+    datalist: Sequence[Mapping[str, Any]], frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX
+) -> dict[str, Any]:
+    """The challenge event JSON of a labelled frame datalist (:func:`monai_vce.events.ground_truth_events` of
+    each video's rows).
+
+    The datalist holds only the label rows whose frame image exists; the ground truth the challenge scores is
+    that of all the rows of the labels CSVs (:func:`monai_vce.data.build_ground_truth`), which the bundle uses.
 
     Args:
         datalist: labelled frame dicts (``label``, ``video_id``, ``frame_index``, ``frame_number``).
-        units: ``"index"`` (``frame_index``) or ``"frame_number"``.
+        frame_units: ``"frame_index"`` or ``"frame_number"`` (formerly ``units``).
     """
-    key = "frame_index" if units == "index" else "frame_number"
+    key = as_frame_units(frame_units).value
     rows: dict[str, list] = {}
     for d in datalist:
         if "label" not in d:
@@ -40,13 +49,18 @@ def ground_truth(datalist: Sequence[Mapping[str, Any]], units: str = "index") ->
                 f"datalist item of video {d.get('video_id')} frame {d.get(key)} has no 'label': no ground truth"
             )
         rows.setdefault(str(d["video_id"]), []).append((int(d[key]), d["label"]))
-    videos = {}
-    for vid, items in rows.items():
-        items.sort(key=lambda r: r[0])
-        ids = np.array([r[0] for r in items], dtype=np.int64)
-        labels = np.asarray([r[1] for r in items], dtype=np.float32) >= 0.5
-        videos[vid] = frames_to_events(labels, ids, mode="label_set")
-    return event_json(videos)
+    videos = [
+        {
+            "video_id": vid,
+            "events": ground_truth_events(
+                np.array([r[0] for r in items], dtype=np.int64),
+                np.asarray([r[1] for r in items], dtype=np.float32),
+                video_id=vid,
+            ),
+        }
+        for vid, items in rows.items()
+    ]
+    return {"videos": videos}
 
 
 def _frame_ap(datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike) -> dict[str, float | None]:
@@ -56,40 +70,59 @@ def _frame_ap(datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike) -> dic
         labels.setdefault(str(d["video_id"]), {})[int(d["frame_index"])] = d["label"]
     probs, targets = [], []
     for vid, rows in labels.items():
-        v = load_video_probs(Path(probs_dir) / f"{vid}.npz")
+        v = load_video_probs(probability_file(probs_dir, vid))
         probs.append(v.probs)
         targets.append(np.asarray([rows[int(i)] for i in v.frame_index], dtype=np.float32))
     ap = multilabel_average_precision(np.concatenate(probs), np.concatenate(targets))
-    return {name: (None if np.isnan(a) else float(a)) for name, a in zip(LABELS, ap)}
+    return {name: (None if np.isnan(a) else float(a)) for name, a in zip(LABELS, ap, strict=True)}
 
 
+@renamed_arguments(units="frame_units")
 def evaluation_report(
     events_file: PathLike,
     datalist: Sequence[Mapping[str, Any]],
     output_dir: PathLike,
     probs_dir: PathLike | None = None,
-    units: str = "index",
+    frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
     draw: bool = True,
+    ground_truth: Mapping[str, Any] | None = None,
 ) -> dict[str, Any] | None:
-    """Score an evaluation's event JSON against the datalist's ground truth; print and save the result.
+    """Score an evaluation's event JSON against the ground truth; print and save the result.
 
     Writes ``<output_dir>/ground_truth.json`` and ``<output_dir>/metrics.json`` (the
     :func:`monai_vce.metrics.temporal_map` result, plus ``frame_AP``: the frame-level average precision of each
-    label, ``None`` for a label without positive frames, when ``probs_dir`` is given), and the report of :func:`monai_vce.report.write_report`
-    under ``<output_dir>/report`` when matplotlib is installed. Runs on rank 0 only in distributed runs.
+    label, ``None`` for a label without positive frames, when ``probs_dir`` is given), and the report of
+    :func:`monai_vce.report.write_report` under ``<output_dir>/report`` when matplotlib is installed. Runs on
+    rank 0 only in distributed runs.
+
+    Args:
+        events_file: the evaluation's event JSON.
+        datalist: the evaluated frames (their labels give the frame-level AP).
+        output_dir: where the files go.
+        probs_dir: the evaluation's probability files, for the frame-level AP and the report's traces.
+        frame_units: the units of the event files (formerly ``units``).
+        draw: draw the report.
+        ground_truth: the ground truth the challenge scores, from the labels CSVs
+            (:func:`monai_vce.data.build_ground_truth`); ``None`` builds it from ``datalist``
+            (:func:`datalist_ground_truth`).
 
     Returns:
         The metric result (``None`` on other ranks).
     """
     try:
-        import torch.distributed as dist
+        import torch.distributed as dist  # here, not at the top: the report package does not need torch
 
         if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
             return None
     except ImportError:  # pragma: no cover
         pass
+    units = as_frame_units(frame_units)
     out = Path(output_dir)
-    gt = ground_truth(datalist, units=units)
+    if ground_truth is None:
+        gt = datalist_ground_truth(datalist, frame_units=units)
+    else:
+        wanted = {str(d["video_id"]) for d in datalist}
+        gt = {"videos": [v for v in ground_truth["videos"] if str(v["video_id"]) in wanted]}
     pred = load_events(events_file)
     result = temporal_map(gt, pred)
     if probs_dir is not None:
@@ -100,7 +133,7 @@ def evaluation_report(
     print(json.dumps({"events_file": str(events_file), "videos": len(gt["videos"]), **summary}), flush=True)
     if draw:
         try:
-            write_report(pred, out / "report", gt=gt, probs_dir=probs_dir, units=units)
+            write_report(pred, out / "report", gt=gt, probs_dir=probs_dir, frame_units=units)
         except ImportError as e:  # matplotlib is an optional extra
             logger.warning(f"report not drawn ({e}); install monai-vce[report] for timelines")
     return result
