@@ -8,6 +8,7 @@ any moment leaves either the previous version or the new one, never half of one.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import io
 import json
@@ -58,10 +59,8 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     # the rename itself is durable only once the folder entry is flushed
     try:
@@ -182,10 +181,8 @@ class OutputLock:
         """Release the lock (and remove its file) if this object holds it."""
         if self._fd is None:
             return
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.path.unlink()  # removed while still locked, so no other run can lock this inode meanwhile
-        except FileNotFoundError:
-            pass
         os.close(self._fd)
         self._fd = None
 

@@ -263,9 +263,9 @@ def test_optimizer_uses_the_network_param_groups():
     ids = {id(p): g for g in groups for p in g["params"]}
     named = {n: p for n, p in net.named_parameters() if p.requires_grad}
     assert len(ids) == len(named)  # every trainable parameter exactly once
-    head = [n for n in named if n.startswith("classifier_head.") and n.endswith("weight") and named[n].ndim == 2][0]
-    trunk = [n for n in named if n.startswith("visual.") and "qkv.weight" in n][0]
-    bias = [n for n in named if n.endswith(".bias")][0]
+    head = next(n for n in named if n.startswith("classifier_head.") and n.endswith("weight") and named[n].ndim == 2)
+    trunk = next(n for n in named if n.startswith("visual.") and "qkv.weight" in n)
+    bias = next(n for n in named if n.endswith(".bias"))
     assert ids[id(named[head])]["lr"] == pytest.approx(1e-3) and ids[id(named[head])]["weight_decay"] == 0.05
     # layer_decay 1.0 (the default): one multiplier for the whole pretrained tower
     assert ids[id(named[trunk])]["lr"] == pytest.approx(1e-4)

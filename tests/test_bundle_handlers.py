@@ -45,7 +45,7 @@ def _engine(batches):
 
 
 def test_event_writer_streams_each_video_and_writes_the_json(tmp_path):
-    batches, probs, _, rows = _batches({"1": 7, "2": 5, "ukdd_navi_00003": 9}, batch=4)
+    batches, probs, _, _ = _batches({"1": 7, "2": 5, "ukdd_navi_00003": 9}, batch=4)
     writer = TemporalEventWriter(tmp_path / "probs", events_file="events.json")
     engine = _engine(batches)
     writer.attach(engine)
@@ -110,7 +110,7 @@ def test_decoder_tuning_handler_fits_and_saves(tmp_path):
     from monai_vce.handlers import ThresholdOptimizationHandler, VideoFrameCollector
     from monai_vce.postprocessing import optimize_thresholds
 
-    batches, probs, target, rows = _batches({"1": 40, "2": 30}, batch=16, labels=True)
+    batches, probs, target, _ = _batches({"1": 40, "2": 30}, batch=16, labels=True)
     calls = {}
 
     def fake_tune(videos, base=None, frame_units="frame_number"):

@@ -46,7 +46,7 @@ def test_training_tunes_thresholds_and_decoder(run):
     assert params["frame_units"] == "frame_index" and set(params["labels"]) >= set(LABELS)
     assert params.data["fit"]["videos"] >= 1
     thresholds = json.loads((run["models"] / "thresholds.json").read_text())
-    assert set(LABELS) <= set(thresholds if "thresholds" not in thresholds else thresholds["thresholds"])
+    assert set(LABELS) <= set(thresholds.get("thresholds", thresholds))
 
 
 def test_training_log_reports_validation_metrics(run):

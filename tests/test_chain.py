@@ -75,7 +75,7 @@ def test_remove_short_runs():
 
 def test_run_bounds():
     cls, start, stop = run_bounds(np.concatenate([col("0110"), col("1001")], axis=1))
-    assert list(zip(cls.tolist(), start.tolist(), stop.tolist())) == [(0, 1, 3), (1, 0, 1), (1, 3, 4)]
+    assert list(zip(cls.tolist(), start.tolist(), stop.tolist(), strict=False)) == [(0, 1, 3), (1, 0, 1), (1, 3, 4)]
 
 
 def test_order_matters():

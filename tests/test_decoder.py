@@ -191,7 +191,7 @@ def test_nan_error_names_video_and_frame():
     p[17, 3] = np.nan
     with pytest.raises(ValueError, match=r"video 'v7'.*frame 17.*small intestine"):
         decode_videos({"v7": (p, np.arange(300))}, EventDecoder())
-    with pytest.raises(ValueError, match="outside \\[0, 1\\].*logits"):
+    with pytest.raises(ValueError, match=r"outside \\[0, 1\\].*logits"):
         EventDecoder()(_video() * 3, np.arange(300))
     with pytest.raises(ValueError, match="strictly increasing"):
         EventDecoder()(_video(), np.r_[np.arange(299), 5])
@@ -230,9 +230,9 @@ def test_params_round_trip_and_errors(tmp_path):
     bad(lambda d: d["labels"]["polyp"].update(presence={"feature": "peak"}), r"labels.polyp.presence.cutoff")
     bad(lambda d: d["anatomy"].update(landmark_window={"pylorus": -1}), r"anatomy.landmark_window.pylorus")
     (tmp_path / "broken.json").write_text("{not json")
-    with pytest.raises(ValueError, match="broken.json: not valid JSON"):
+    with pytest.raises(ValueError, match=r"broken.json: not valid JSON"):
         DecoderParams.load(tmp_path / "broken.json")
-    with pytest.raises(FileNotFoundError, match="missing.json"):
+    with pytest.raises(FileNotFoundError, match=r"missing.json"):
         DecoderParams.load(tmp_path / "missing.json")
     # EventDecoder accepts the path
     assert EventDecoder(str(path)).params == params
@@ -245,7 +245,7 @@ def test_from_thresholds(tmp_path):
     assert params.per_label("threshold")[L["ulcer"]] == 0.3 and params.per_label("threshold")[L["colon"]] == 0.5
     assert params["labels"]["ulcer"]["median_window"] == 7
     f.write_text(json.dumps({"tumour": 0.3}))
-    with pytest.raises(ValueError, match="thr.json: unknown label 'tumour'"):
+    with pytest.raises(ValueError, match=r"thr.json: unknown label 'tumour'"):
         DecoderParams.from_thresholds(f)
 
 
@@ -271,5 +271,5 @@ def test_lead_in_frames_carry_no_section():
     params = params.with_label("esophagus", presence={"feature": "never"})
     mask = EventDecoder(params).masks(probs)
     assert not mask[:, L["esophagus"]].any() and not mask[70:90].any() and mask[90:190, L["stomach"]].all()
-    with pytest.raises(ValueError, match="anatomy.entry_cost"):
+    with pytest.raises(ValueError, match=r"anatomy.entry_cost"):
         DecoderParams({"anatomy": {"entry_cost": -1.0}})

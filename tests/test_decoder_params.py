@@ -146,7 +146,7 @@ def test_parameters_are_immutable():
     assert changed["labels"]["ulcer"]["threshold"] == 0.2 and changed["ranking"] == "max"
     assert changed["anatomy"]["enabled"] and changed != params
     assert DecoderParams(changed.to_dict()) == changed
-    with pytest.raises(ValueError, match="labels.ulcer.threshold"):
+    with pytest.raises(ValueError, match=r"labels.ulcer.threshold"):
         params.with_label("ulcer", threshold=2.0)
 
 

@@ -85,7 +85,7 @@ def test_a1_a2_are_the_pretrained_head_maps(impl):
     torch.manual_seed(1)
     x = torch.randn(2, 17, 64)
     with torch.no_grad():
-        for blk, ref_blk in zip(model.blocks, original.blocks):
+        for blk, ref_blk in zip(model.blocks, original.blocks, strict=False):
             attn = blk.attn
             attn.sub_norm.weight.uniform_(0.5, 1.5)  # a non-trivial learned norm weight
             ref_maps, ref_v = _reference_maps(ref_blk.attn, x)

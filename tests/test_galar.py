@@ -24,7 +24,7 @@ from monai_vce.labels import LABELS, label_index
 
 # a header as the real files have it: our labels in another order, plus labels we do not use
 EXTRA = ("bubbles", "dirt", "foreign body")
-HEADER = ("index",) + tuple(reversed(LABELS[:9])) + EXTRA + LABELS[9:] + ("frame",)
+HEADER = ("index", *reversed(LABELS[:9]), *EXTRA, *LABELS[9:], "frame")
 
 
 def write_png(path: Path, value: int = 128) -> Path:

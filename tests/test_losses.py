@@ -21,7 +21,7 @@ def reference_asl(x, y, gamma_pos, gamma_neg, clip, eps, weight=None, detach=Tru
     q = 1.0 / (1.0 + torch.exp(x))  # 1 - p
     p_m = torch.clamp(p - clip, min=0.0)
     one_minus_pm = torch.where(p_m > 0, q + clip, torch.ones_like(q))
-    pd, qd, pmd = (p.detach(), q.detach(), p_m.detach()) if detach else (p, q, p_m)
+    qd, pmd = (q.detach(), p_m.detach()) if detach else (q, p_m)
     pos = y * qd**gamma_pos * torch.log(p)
     neg = (1 - y) * pmd**gamma_neg * torch.log(one_minus_pm)
     loss = -(pos + neg)

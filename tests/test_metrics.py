@@ -327,9 +327,9 @@ def _run_engine(metric, batches, decollate=False):
         if decollate:
             engine.state.batch = [
                 {"video_id": v, "frame_index": torch.tensor(f)}
-                for v, f in zip(batch["video_id"], batch["frame_index"].tolist())
+                for v, f in zip(batch["video_id"], batch["frame_index"].tolist(), strict=False)
             ]
-            return [{"pred": p, "label": l} for p, l in zip(batch["pred"], batch["label"])]
+            return [{"pred": p, "label": y} for p, y in zip(batch["pred"], batch["label"], strict=False)]
         return {"pred": batch["pred"], "label": batch["label"]}
 
     engine = Engine(step)
@@ -341,7 +341,11 @@ def _run_engine(metric, batches, decollate=False):
 def _batches(videos, batch_size, rng):
     import torch
 
-    rows = [(vid, i, p, y) for vid, (probs, targets) in videos.items() for i, (p, y) in enumerate(zip(probs, targets))]
+    rows = [
+        (vid, i, p, y)
+        for vid, (probs, targets) in videos.items()
+        for i, (p, y) in enumerate(zip(probs, targets, strict=False))
+    ]
     order = rng.permutation(len(rows))  # frames arrive shuffled across videos and batches
     out = []
     for lo in range(0, len(rows), batch_size):
@@ -505,9 +509,9 @@ def test_ignite_metric_cross_fitted_decoder_scores_each_video_with_a_decoder_tun
     fold = video_folds(len(vids), 2, seed=0)
     pred = {}
     for k in (0, 1):
-        fit = [(videos[v][0], ids, gt[v]) for v, f in zip(vids, fold) if f != k]
+        fit = [(videos[v][0], ids, gt[v]) for v, f in zip(vids, fold, strict=False) if f != k]
         dec = EventDecoder(tune_decoder(fit, **kwargs))
-        pred.update({v: dec(videos[v][0], ids) for v, f in zip(vids, fold) if f == k})
+        pred.update({v: dec(videos[v][0], ids) for v, f in zip(vids, fold, strict=False) if f == k})
     expected = temporal_map(event_json(gt), event_json(pred))
     assert e_cross.state.metrics["tmap"] == pytest.approx(expected["mAP@0.5"])
     # the fixed 0.5 threshold is fooled by the bias, the tuned decoder is not

@@ -222,7 +222,7 @@ def test_builtin_fallback_warns(tmp_path, monkeypatch):
 
 
 def test_missing_explicit_events_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="nope.json"):
+    with pytest.raises(FileNotFoundError, match=r"nope.json"):
         generate_mini_galar(tmp_path / "g", videos=1, frames_per_video=5, size=8, events_path=tmp_path / "nope.json")
 
 

@@ -95,19 +95,19 @@ def test_save_load_round_trip_and_errors(tmp_path):
     assert obj["ulcer"] == pytest.approx(0.95)
     np.testing.assert_array_equal(load_thresholds(path), t)
     # a mapping keyed by name works too
-    save_thresholds(tmp_path / "b.json", dict(zip(LABELS, t[::-1])))
+    save_thresholds(tmp_path / "b.json", dict(zip(LABELS, t[::-1], strict=False)))
     np.testing.assert_array_equal(load_thresholds(tmp_path / "b.json"), t[::-1])
 
-    with pytest.raises(FileNotFoundError, match="nope.json"):
+    with pytest.raises(FileNotFoundError, match=r"nope.json"):
         load_thresholds(tmp_path / "nope.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(ValueError, match="bad.json is not valid JSON"):
+    with pytest.raises(ValueError, match=r"bad.json is not valid JSON"):
         load_thresholds(bad)
     bad.write_text(json.dumps([0.5] * 17))
-    with pytest.raises(ValueError, match="bad.json must hold a JSON object"):
+    with pytest.raises(ValueError, match=r"bad.json must hold a JSON object"):
         load_thresholds(bad)
-    d = dict(zip(LABELS, [0.5] * 17))
+    d = dict(zip(LABELS, [0.5] * 17, strict=False))
     del d["polyp"]
     d["tumour"] = 0.4
     d["ulcer"] = 1.5
@@ -140,7 +140,7 @@ def test_handler_on_tiny_engine(tmp_path, decollated):
 
     def step(engine, batch):
         if decollated:  # MONAI's decollated output: a list of per-item dicts
-            return [{"pred": p, "label": y} for p, y in zip(batch["pred"], batch["label"])]
+            return [{"pred": p, "label": y} for p, y in zip(batch["pred"], batch["label"], strict=False)]
         return batch
 
     engine = Engine(step)

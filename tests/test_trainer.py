@@ -252,19 +252,17 @@ def test_ema_equals_analytic_average(warmup):
     assert len(trajectory) == 6
     e = theta0
     for t, theta in enumerate(trajectory, start=1):
-        if warmup:  # ignite's linear warm-up of the momentum 1 - beta, from 1 - warmup_beta = 1
-            m = min(1.0, max(1 - beta, 1.0 + ((1 - beta) - 1.0) * (t - 1) / (warmup - 1)))
-        else:
-            m = 1 - beta
-        e = [(1 - m) * a + m * b for a, b in zip(e, theta)]
-    for a, b in zip(ema.ema_model.parameters(), e):
+        # ignite's linear warm-up of the momentum 1 - beta, from 1 - warmup_beta = 1
+        m = min(1.0, max(1 - beta, 1.0 + ((1 - beta) - 1.0) * (t - 1) / (warmup - 1))) if warmup else 1 - beta
+        e = [(1 - m) * a + m * b for a, b in zip(e, theta, strict=False)]
+    for a, b in zip(ema.ema_model.parameters(), e, strict=False):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(next(ema.ema_model.parameters()), next(net.parameters()))
     assert trainer.state.ema_momentum == pytest.approx(1 - beta)
     # state dict round trip for checkpoints
     ema2 = EMAWeights(TinyNet(paths=False), beta=beta)
     ema2.load_state_dict(ema.state_dict())
-    for a, b in zip(ema2.ema_model.parameters(), ema.ema_model.parameters()):
+    for a, b in zip(ema2.ema_model.parameters(), ema.ema_model.parameters(), strict=False):
         assert torch.equal(a, b)
     with pytest.raises(ValueError):
         EMAWeights(net, beta=1.0)

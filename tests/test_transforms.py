@@ -78,8 +78,8 @@ def test_train_determinism_with_set_random_state(frames):
     xa = [a(f)["image"] for f in frames]
     xb = [b(f)["image"] for f in frames]
     xc = [c(f)["image"] for f in frames]
-    assert all(torch.equal(p, q) for p, q in zip(xa, xb))
-    assert not all(torch.equal(p, q) for p, q in zip(xa, xc))
+    assert all(torch.equal(p, q) for p, q in zip(xa, xb, strict=False))
+    assert not all(torch.equal(p, q) for p, q in zip(xa, xc, strict=False))
 
 
 def test_metadata_survives_collation(frames):

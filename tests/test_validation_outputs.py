@@ -113,7 +113,7 @@ def test_handler_order_does_not_matter(tmp_path):
     results = []
     for order in ("bundle", "reversed"):
         out = tmp_path / order
-        evaluator, _, _, tuner, calls = _evaluator(out, videos, order=order)
+        evaluator, _, _, _, calls = _evaluator(out, videos, order=order)
         evaluator.run()
         results.append((evaluator.state.metrics["tmap"], json.loads((out / "decoder.json").read_text()), len(calls)))
     (m1, d1, n1), (m2, d2, n2) = results

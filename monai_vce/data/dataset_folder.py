@@ -11,6 +11,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import cast
 
 from monai_vce.data.galar import build_galar_datalist, build_ground_truth, build_inference_datalist
 from monai_vce.events.units import FrameUnits
@@ -39,9 +40,10 @@ def galar_datalist(dataset_dir: PathLike, videos: Iterable[str] | None = None) -
     """
     root = Path(check_folder(dataset_dir))
     meta = root / "metadata.csv"
-    return build_galar_datalist(
+    datalist = build_galar_datalist(
         root / "frames", root / "labels", metadata_csv=meta if meta.is_file() else None, videos=videos
     )
+    return cast(list[dict], datalist)
 
 
 def galar_ground_truth(

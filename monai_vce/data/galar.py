@@ -40,7 +40,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -115,7 +115,7 @@ def _norm_header(name: str) -> str:
 
 
 def _examples(values: Iterable[Any]) -> list:
-    out = []
+    out: list = []
     for v in values:
         if len(out) >= _EXAMPLES:
             break
@@ -204,7 +204,7 @@ def list_frames(video_dir: PathLike) -> tuple[np.ndarray, list[str], list[tuple[
             f"any case, e.g. frame_000100.PNG)"
         )
     names.sort()
-    numbers = np.fromiter((int(FRAME_FILE_PATTERN.match(n).group(1)) for n in names), dtype=np.int64, count=len(names))
+    numbers = np.fromiter((parse_frame_number(n) for n in names), dtype=np.int64, count=len(names))
     order = np.argsort(numbers, kind="stable")  # stable: among equal numbers, sorted-name order is kept
     numbers = numbers[order]
     names = [names[i] for i in order]
@@ -218,7 +218,7 @@ def list_frames(video_dir: PathLike) -> tuple[np.ndarray, list[str], list[tuple[
                 duplicates[-1][1].append(names[pos])
             else:
                 duplicates.append((num, [names[pos]]))
-    paths = [str(folder / n) for n, k in zip(names, keep) if k]
+    paths = [str(folder / n) for n, k in zip(names, keep, strict=False) if k]
     return numbers[keep], paths, duplicates
 
 
@@ -330,7 +330,7 @@ def read_label_csv(path: PathLike, video_id: str | None = None) -> LabelTable:
     if not rows:
         raise ValueError(f"{path}: empty label file (expected a header with 'index', the labels and 'frame')")
     header = [_norm_header(h) for h in rows[0]]
-    col = {}
+    col: dict[str, int] = {}
     for i, h in enumerate(header):
         col.setdefault(h, i)  # a repeated header name: the first column wins
     for required in ("index", "frame"):
@@ -348,7 +348,7 @@ def read_label_csv(path: PathLike, video_id: str | None = None) -> LabelTable:
     if len(body) and (lengths != width).any():
         bad = int(np.flatnonzero(lengths != width)[0])
         raise ValueError(f"{path}: data row {bad + 1} has {lengths[bad]} fields, the header has {width}")
-    table = np.asarray(body, dtype=str).reshape(len(body), width)
+    table: np.ndarray = np.asarray(body, dtype=str).reshape(len(body), width)
     table = np.char.strip(table) if table.size else table
     index = _int_column(table[:, col["index"]], "index", path)
     frame = _int_column(table[:, col["frame"]], "frame", path)
@@ -468,8 +468,8 @@ class VideoReport:
     duplicate_frames: dict = field(default_factory=lambda: {"count": 0, "examples": []})
     duplicate_rows: dict = field(default_factory=lambda: {"count": 0, "examples": []})
 
-    _KINDS = ("unlabeled_frames", "rows_without_frame", "duplicate_frames", "duplicate_rows")
-    _WORDS = {
+    _KINDS: ClassVar[tuple[str, ...]] = ("unlabeled_frames", "rows_without_frame", "duplicate_frames", "duplicate_rows")
+    _WORDS: ClassVar[dict[str, str]] = {
         "unlabeled_frames": "frame images without a label row (dropped)",
         "rows_without_frame": "label rows without a frame image (dropped)",
         "duplicate_frames": "frame numbers carried by several image files (first file kept)",
@@ -652,7 +652,7 @@ def _align_video(
             "frame_number": fn,
             "capsule": capsule,
         }
-        for i, lab, fi, fn in zip(img_idx.tolist(), labels, findex, fnum)
+        for i, lab, fi, fn in zip(img_idx.tolist(), labels, findex, fnum, strict=False)
     ]
     rep.n_items = len(items)
     return items, rep
@@ -776,7 +776,7 @@ def build_inference_datalist(
         idx = numbers.tolist() if frame_index == "number" else list(range(len(numbers)))
         datalist.extend(
             {"image": p, "video_id": vid, "frame_index": i, "frame_number": n, "capsule": capsule}
-            for p, i, n in zip(paths, idx, numbers.tolist())
+            for p, i, n in zip(paths, idx, numbers.tolist(), strict=False)
         )
     _raise_or_warn(report, False, f"inference datalist from {frames_dir}")
     return datalist

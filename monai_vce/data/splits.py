@@ -232,7 +232,7 @@ def split_videos(
     ids, presence = video_label_presence(datalist)
     if len(ids) < 2:
         raise ValueError(f"a train/validation split needs at least 2 videos, the datalist has {len(ids)}")
-    n_val = min(max(int(round(val_fraction * len(ids))), 1), len(ids) - 1)
+    n_val = min(max(round(val_fraction * len(ids)), 1), len(ids) - 1)
     secondary = _capsule_columns(datalist, ids) if stratify_capsule else None
     group = assign_video_groups(presence, [len(ids) - n_val, n_val], seed=seed, secondary=secondary)
     group = repair_video_groups(presence, group, seed=seed)

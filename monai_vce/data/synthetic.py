@@ -69,7 +69,13 @@ EXTRA_COLUMNS: tuple[str, ...] = ("bubbles", "dirt")
 # column order of the written CSVs: not the LABELS order, with the extra labels in between, so readers
 # must match columns by name
 _CSV_LABELS: tuple[str, ...] = (
-    SECTIONS + ("z-line", "pylorus", "ileocecal valve", "bubbles", "dirt") + tuple(sorted(PATHOLOGY, reverse=True))
+    *SECTIONS,
+    "z-line",
+    "pylorus",
+    "ileocecal valve",
+    "bubbles",
+    "dirt",
+    *sorted(PATHOLOGY, reverse=True),
 )
 _MARKER = ".mini_galar"
 _N_SEC = len(SECTIONS)
@@ -316,7 +322,7 @@ def _csv_text(index: np.ndarray, frame: np.ndarray, labels: np.ndarray, extras: 
     cols.update(extras)
     table = np.column_stack([index] + [cols[name].astype(np.int64) for name in _CSV_LABELS] + [frame])
     body = "\n".join(",".join(map(str, row)) for row in table.tolist())
-    return ",".join(("index",) + _CSV_LABELS + ("frame",)) + "\n" + body + "\n"
+    return ",".join(("index", *_CSV_LABELS, "frame")) + "\n" + body + "\n"
 
 
 def generate_mini_galar(

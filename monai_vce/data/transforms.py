@@ -90,8 +90,8 @@ class RandHueSaturationd(RandomizableTransform, MapTransform):
         super().randomize(None)
         if not self._do_transform:
             return
-        theta = 2.0 * math.pi * self.R.uniform(*self.hue)
-        s = self.R.uniform(*self.saturation)
+        theta = 2.0 * math.pi * self.R.uniform(self.hue[0], self.hue[1])
+        s = self.R.uniform(self.saturation[0], self.saturation[1])
         c, sn = math.cos(theta), math.sin(theta)
         chroma = np.array([[1.0, 0.0, 0.0], [0.0, s * c, -s * sn], [0.0, s * sn, s * c]])
         self._matrix = _YIQ2RGB @ chroma @ _RGB2YIQ

@@ -259,7 +259,7 @@ def completed_videos(
 
 def pending_frames(
     datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike, resume: bool = True, source: str | None = None
-) -> list[dict]:
+) -> list[Mapping[str, Any]]:
     """The frames of ``datalist`` still to infer: those of videos without a complete probability file.
 
     Filtering the datalist before building the dataset makes an interrupted inference resumable: a rerun

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from monai.utils import IgniteInfo, min_version, optional_import
 
+from monai_vce.events.probabilities import VideoArrays
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import LABELS
 from monai_vce.postprocessing.decoder import DecoderParams
@@ -179,7 +180,7 @@ class DecoderTuningHandler:
         if self.thresholds is not None:
             videos = self.collector.videos()
             probs = np.concatenate([videos[v].probs for v in train])
-            targets = np.concatenate([videos[v].targets for v in train])  # type: ignore[misc]
+            targets = np.concatenate([_targets(videos[v]) for v in train])
             thresholds = self.thresholds.fit(probs, targets)[0]
         return self.fit(train, thresholds)
 
@@ -234,3 +235,9 @@ class DecoderTuningHandler:
         self.collector.attach(engine)
         if not engine.has_event_handler(self._epoch_completed, Events.EPOCH_COMPLETED):
             engine.add_event_handler(Events.EPOCH_COMPLETED, self._epoch_completed)
+
+
+def _targets(video: VideoArrays) -> np.ndarray:
+    if video.targets is None:
+        raise ValueError(f"video {video.video_id}: no targets collected; the F1 thresholds need them")
+    return video.targets

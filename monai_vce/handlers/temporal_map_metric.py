@@ -34,7 +34,9 @@ class HeldOutDecoder(Protocol):
     fits, from the tuner's own fits.
     """
 
-    def held_out_events(self, inputs: Mapping[str, DecodingInput]) -> Mapping[str, list[dict[str, Any]]]: ...
+    def held_out_events(self, inputs: Mapping[str, DecodingInput]) -> Mapping[str, list[dict[str, Any]]] | None:
+        """``{video_id: events}``, or ``None`` when the videos are too few to hold any out."""
+        ...
 
 
 def threshold_decoder(probs: np.ndarray, frame_ids: np.ndarray, threshold: float = 0.5) -> list[dict[str, Any]]:
@@ -55,7 +57,7 @@ class _CrossFitted:
         self.folds = folds
         self.tune_kwargs = dict(tune_kwargs)
 
-    def held_out_events(self, inputs: Mapping[str, DecodingInput]) -> Mapping[str, list[dict[str, Any]]]:
+    def held_out_events(self, inputs: Mapping[str, DecodingInput]) -> Mapping[str, list[dict[str, Any]]] | None:
         return cross_fitted_events(inputs, folds=self.folds, **self.tune_kwargs)
 
 
@@ -218,6 +220,5 @@ class TemporalMAPMetric(Metric):
             if t != self.tiou_threshold:
                 engine.state.metrics[f"{name}_tiou{tiou_key(t)}"] = float(self.result[f"mAP@{tiou_key(t)}"])
         if self.save_details:
-            if not hasattr(engine.state, "metric_details"):
-                engine.state.metric_details = {}
-            engine.state.metric_details[name] = self.result
+            # MONAI's convention: the details of each metric under its name in engine.state.metric_details
+            vars(engine.state).setdefault("metric_details", {})[name] = self.result

@@ -73,7 +73,7 @@ class ThresholdOptimizationHandler:
         min_threshold: float = 0.05,
         max_threshold: float = 0.95,
         default_threshold: float | None = None,
-        output_transform: Callable = from_engine(["pred", "label"]),
+        output_transform: Callable | None = None,
         sigmoid: bool = False,
         write_on: str = "always",
         state_key: str = "thresholds",
@@ -101,7 +101,7 @@ class ThresholdOptimizationHandler:
         self.min_threshold = float(min_threshold)
         self.max_threshold = float(max_threshold)
         self.default_threshold = default_threshold
-        self.output_transform = output_transform
+        self.output_transform = output_transform if output_transform is not None else from_engine(["pred", "label"])
         self.sigmoid = bool(sigmoid)
         self.write_on = write_on
         self.state_key = state_key

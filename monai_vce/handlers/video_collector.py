@@ -352,11 +352,12 @@ class VideoFrameCollector:
     def frames(self) -> tuple[np.ndarray, np.ndarray]:
         """All collected frames, ``(probs (N, 17), targets (N, 17))``, videos in order (for frame-level fits)."""
         videos = list(self.videos().values())
-        if any(v.targets is None for v in videos):
+        targets = [v.targets for v in videos if v.targets is not None]
+        if len(targets) < len(videos):
             raise ValueError("the collector has no targets: give it the label_key of the validation targets")
         if not videos:
             return np.zeros((0, NUM_LABELS), np.float32), np.zeros((0, NUM_LABELS), np.float32)
-        return np.concatenate([v.probs for v in videos]), np.concatenate([v.targets for v in videos])  # type: ignore[misc]
+        return np.concatenate([v.probs for v in videos]), np.concatenate(targets)
 
     def _ground_truth(self, video: VideoArrays, frame_ids: np.ndarray) -> list[dict[str, Any]]:
         if self.ground_truth is not None:

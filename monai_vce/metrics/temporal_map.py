@@ -132,7 +132,7 @@ def _candidate_pairs(gt: np.ndarray, pred: np.ndarray, min_tiou: float) -> tuple
     # blocks of consecutive predictions with about _PAIR_BLOCK candidate pairs each (bounds memory)
     block = np.cumsum(counts) // _PAIR_BLOCK
     edges = np.concatenate(([0], np.flatnonzero(np.diff(block)) + 1, [len(pred)]))
-    for first, last in zip(edges[:-1].tolist(), edges[1:].tolist()):
+    for first, last in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=False):
         c = counts[first:last]
         total = int(c.sum())
         if total == 0:
@@ -171,7 +171,7 @@ def _greedy_tp(rows: np.ndarray, cols: np.ndarray, n_pred: int, n_gt: int) -> np
     free = np.ones(n_gt, dtype=bool)
     free[first_col[easy]] = False
     # the contested rest, sequentially in listed order; per row a vectorised first-free lookup
-    for s, e in zip(starts[~easy].tolist(), ends[~easy].tolist()):
+    for s, e in zip(starts[~easy].tolist(), ends[~easy].tolist(), strict=False):
         cand = cols[s:e]
         avail = free[cand]
         k = int(avail.argmax())
@@ -216,6 +216,7 @@ def _average_precision(gt: np.ndarray, pred: np.ndarray, ths: tuple[float, ...])
             # every pair qualifies (tIoU >= 0): prediction i takes ground truth i
             tp = np.arange(n_pred) < n_gt
         else:
+            assert pairs is not None  # computed above whenever a threshold is positive
             rows, cols, vals = pairs
             keep = vals >= t
             tp = _greedy_tp(rows[keep], cols[keep], n_pred, n_gt)
@@ -243,7 +244,8 @@ def _segments_by_label(events: Sequence[Mapping[str, Any]], index: Mapping[str, 
                 starts[i].append(s)
                 ends[i].append(t)
     return [
-        np.stack([np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)], axis=1) for a, b in zip(starts, ends)
+        np.stack([np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)], axis=1)
+        for a, b in zip(starts, ends, strict=False)
     ]
 
 
@@ -270,7 +272,7 @@ def video_average_precision(
     index = {name: i for i, name in enumerate(labels)}
     gt_segs = _segments_by_label(gt_events, index, len(labels))
     pred_segs = _segments_by_label(pred_events, index, len(labels))
-    return np.stack([_average_precision(g, p, ths) for g, p in zip(gt_segs, pred_segs)])
+    return np.stack([_average_precision(g, p, ths) for g, p in zip(gt_segs, pred_segs, strict=False)])
 
 
 def _as_event_json(obj: EventJSON | str | os.PathLike, role: str, validate: bool) -> tuple[EventJSON, str]:
@@ -361,7 +363,7 @@ def temporal_map(
     for vid, gt_events in gt_videos.items():
         gt_segs = _segments_by_label(gt_events, index, len(labels))
         pred_segs = _segments_by_label(pred_videos.get(vid, ()), index, len(labels))
-        aps.append(np.stack([_average_precision(g, p, ths) for g, p in zip(gt_segs, pred_segs)]))
+        aps.append(np.stack([_average_precision(g, p, ths) for g, p in zip(gt_segs, pred_segs, strict=False)]))
         vids.append(vid)
     extra = [v for v in pred_videos if v not in gt_videos]
     missing = [v for v in gt_videos if v not in pred_videos]

@@ -7,7 +7,7 @@ import os
 import re
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.nn as nn
@@ -90,7 +90,9 @@ class DiffAttnCLIPClassifier(nn.Module):
             when present, else log(1 / 0.07).
     """
 
-    __jit_unused_properties__ = ["num_layers"]
+    __jit_unused_properties__: ClassVar[list[str]] = ["num_layers"]
+    mean: torch.Tensor  # buffers
+    std: torch.Tensor
 
     def __init__(
         self,
@@ -158,7 +160,7 @@ class DiffAttnCLIPClassifier(nn.Module):
                 "<backbone> --out bundle/models/text_embeddings.pt` and pass text_embeddings=<file>.",
                 stacklevel=2,
             )
-        elif contrastive:
+        elif contrastive and text_embeddings is not None:
             embeddings = self._load_text_embeddings(text_embeddings)
             scale = logit_scale_init if logit_scale_init is not None else tower.logit_scale
             self.contrastive_head = TextContrastiveHead(embeddings, DEFAULT_LOGIT_SCALE if scale is None else scale)
@@ -284,7 +286,7 @@ class DiffAttnCLIPClassifier(nn.Module):
         if not self.diff_blocks:
             return {}
         blocks = find_vit_blocks(self.visual)
-        return {i: float(blocks[i].attn.lambda_value().detach()) for i in self.diff_blocks}
+        return {i: float(cast(DifferentialAttention, blocks[i].attn).lambda_value().detach()) for i in self.diff_blocks}
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Image features (B, embed_dim) of float RGB images in [0, 1] (B, 3, H, W)."""

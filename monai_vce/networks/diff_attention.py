@@ -193,7 +193,7 @@ class DifferentialAttention(DiffAttention):
         self.lambda_init_schedule = lambda_init
         self.use_sub_norm = bool(sub_norm) and mode == "paper"
         if not self.use_sub_norm:
-            self.sub_norm = nn.Identity()
+            self.sub_norm = nn.Identity()  # type: ignore[assignment]  # timm declares an RmsNorm
         self.set_lambda_init(depth)
         self.reset_parameters()
 
@@ -211,8 +211,8 @@ class DifferentialAttention(DiffAttention):
         super().reset_parameters()
         if getattr(self, "mode", "paper") == "preserving":
             with torch.no_grad():
-                self.lambda_q2.copy_(self.lambda_q1)
-                self.lambda_k2.copy_(self.lambda_k1)
+                self.lambda_q2.copy_(self.lambda_q1)  # type: ignore[union-attr,arg-type]  # set by timm
+                self.lambda_k2.copy_(self.lambda_k1)  # type: ignore[union-attr,arg-type]
 
     @classmethod
     def from_attention(
@@ -271,7 +271,7 @@ class DifferentialAttention(DiffAttention):
         )
         for name in ("qkv", "proj", "q_norm", "k_norm", "norm", "attn_drop", "proj_drop"):
             setattr(new, name, getattr(attn, name))
-        new.fused_attn = attn.fused_attn
+        new.fused_attn = attn.fused_attn  # type: ignore[misc]  # Final in timm; copied from the converted block
         new.train(attn.training)
         return new
 
@@ -487,7 +487,12 @@ def convert_to_diff_attention(
         attn = getattr(block, "attn", None)
         try:
             block.attn = DifferentialAttention.from_attention(
-                attn, depth=i, mode=mode, lambda_init=lambda_init, sub_norm=sub_norm, attn_impl=attn_impl
+                attn,  # type: ignore[arg-type]  # None (a block without attention) raises TypeError below
+                depth=i,
+                mode=mode,
+                lambda_init=lambda_init,
+                sub_norm=sub_norm,
+                attn_impl=attn_impl,
             )
         except (TypeError, ValueError) as err:
             raise type(err)(f"cannot convert the attention of block {i}: {err}") from err

@@ -168,7 +168,7 @@ def fill_gaps(mask: np.ndarray, max_gaps: int | Sequence[int] | np.ndarray) -> n
 def remove_short_runs(mask: np.ndarray, min_lengths: int | Sequence[int] | np.ndarray) -> np.ndarray:
     """Deactivate active runs shorter than ``min_lengths[c]`` frames."""
     mask = _check_2d(mask, "mask").astype(bool)
-    T, C = mask.shape
+    C = mask.shape[1]
     lens = as_per_class(min_lengths, C, "min lengths", dtype=np.int64)
     if np.any(lens < 0):
         raise ValueError(f"min lengths must be >= 0, got {lens.tolist()}")

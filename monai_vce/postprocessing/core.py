@@ -110,11 +110,11 @@ def decode_columns(
         return out
     names = [LABELS[int(c)] for c in labels]
     windows = None
-    for k, name in enumerate(names):
+    for col, name in enumerate(names):
         if anatomy["gate_landmarks"] and name in anatomy["landmark_window"]:
             if windows is None:
                 windows = landmark_windows(sections, anatomy["landmark_window"])
-            out[:, k] &= windows[name]
+            out[:, col] &= windows[name]
         if name in anatomy["pathology_sections"]:
-            out[:, k] &= section_gate(sections, anatomy["pathology_sections"][name])
+            out[:, col] &= section_gate(sections, anatomy["pathology_sections"][name])
     return out

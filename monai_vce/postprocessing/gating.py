@@ -29,7 +29,7 @@ the empty submission for that label) on videos it did not see.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -84,7 +84,10 @@ def _moving_mean_max(probs: np.ndarray, window: int) -> np.ndarray:
 
 
 def presence_features(
-    probs: np.ndarray, mask: np.ndarray, rule: Mapping[str, Any], columns: Sequence[int] | None = None
+    probs: np.ndarray,
+    mask: np.ndarray | None,
+    rule: Mapping[str, Any],
+    columns: Sequence[int] | np.ndarray | None = None,
 ) -> np.ndarray:
     """Compute one rule's feature for some classes of a video.
 
@@ -111,6 +114,8 @@ def presence_features(
     if feature == "quantile":
         return np.quantile(p, float(rule.get("q", 0.99)), axis=0)
     if feature == "support":
+        if mask is None:
+            raise ValueError("the 'support' presence feature needs the decoded mask")
         return mask[:, cols].sum(axis=0).astype(np.float64)
     raise ValueError(f"unknown presence feature {feature!r}; expected one of {list(PRESENCE_FEATURES)}")
 
@@ -199,8 +204,9 @@ def fit_presence_rule(
     else:
         best_rule, best = {"feature": "never"}, never
     base = max(never, none)
-    items = features.items() if isinstance(features, Mapping) else features
+    items: Iterable[tuple[Any, np.ndarray]] = features.items() if isinstance(features, Mapping) else features
     for settings, values in items:
+        settings = dict(settings) if isinstance(settings, Mapping) else {"feature": str(settings)}
         f = np.asarray(values, dtype=np.float64)
         order = np.argsort(f, kind="stable")
         fs = f[order]
@@ -292,6 +298,7 @@ def cross_validate_presence(
             rule, score = fit_presence_rule(sub, ap[train] @ w, absent[train], min_gain)
             if best is None or score > best[0] + 1e-12:
                 best = (score, c, rule)
+        assert best is not None  # at least one candidate
         _, c, rule = best
         feats, ap = candidates[c]
         present = _rule_present(rule, feats, test)

@@ -214,7 +214,7 @@ def _message(err: ValidationError) -> tuple[str, str]:
         name = ".".join([*map(str, path), str(extra[0])])
         return name, f"unknown {what}; expected {what}s from {allowed}"
     if err.validator == "required":
-        missing = [k for k in err.validator_value if k not in err.instance][0]
+        missing = next(k for k in err.validator_value if k not in err.instance)
         feature = err.instance.get("feature") if path[-1:] == ["presence"] else None
         return ".".join([*map(str, path), str(missing)]), "missing" + (
             f" (feature {feature!r} is compared with a cutoff)" if feature else ""

@@ -98,7 +98,7 @@ def per_label_ap(metrics: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     Raises:
         ValueError: the result lacks the ``"per_label"`` entry at both thresholds.
     """
-    own = metrics.get("per_label")
+    own: Any = metrics.get("per_label")
     try:
         return {name: {t: float(own[name][t]) for t in ("0.5", "0.95")} for name in LABELS}
     except (KeyError, TypeError):
@@ -127,7 +127,7 @@ def summary_markdown(
     metrics: Mapping[str, Any] | None = None,
     timelines: Mapping[str, str] | None = None,
     summary_png: str | None = None,
-    sources: Mapping[str, str] | None = None,
+    sources: Mapping[str, Any] | None = None,
     frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
 ) -> str:
     """Compose the summary page in Markdown.
@@ -156,7 +156,7 @@ def summary_markdown(
 
     if gt_videos is None:
         out += ["## Predicted labels per video", ""]
-        rows = []
+        rows: list[list[Any]] = []
         for vid, events in pred_videos.items():
             labels = present_labels(events)
             link = f"[timeline]({timelines[vid]})" if vid in timelines else ""
@@ -231,7 +231,7 @@ def summary_markdown(
         + "."
     )
     out.append("")
-    rows = [[vid] + [c if c != "TN" else "." for c in presence[vid].values()] for vid in gt_videos]
+    rows = [[vid, *(c if c != "TN" else "." for c in presence[vid].values())] for vid in gt_videos]
     out += [_md_table(["video"] + [LABEL_ABBREVIATIONS[n] for n in LABELS], rows, ["l"] + ["c"] * NUM_LABELS), ""]
     return "\n".join(out)
 
@@ -296,7 +296,7 @@ def draw_summary(
     ax_lab.barh(ys - h / 2, a5, height=h, color=PRED_COLOR, label="AP@0.5")
     ax_lab.barh(ys + h / 2, a95, height=h, color=GT_COLOR, label="AP@0.95")
     ax_lab.set_yticks(ys, list(LABELS), fontsize=9)
-    for tick, name in zip(ax_lab.get_yticklabels(), LABELS):
+    for tick, name in zip(ax_lab.get_yticklabels(), LABELS, strict=False):
         tick.set_color("#1a1a1a" if name in ANATOMY else "#7a1f1f")
     ax_lab.set_ylim(NUM_LABELS - 0.5, -0.5)
     ax_lab.set_xlim(1.0, 0.0)  # mirrored so the bars grow towards the label names
@@ -392,13 +392,13 @@ def draw_summary(
         ("presence TP / FP", f"{counts['TP']} / {counts['FP']}"),
         ("presence FN / TN", f"{counts['FN']} / {counts['TN']}"),
     ]
-    for k, (key, value) in enumerate(lines):
-        y = 0.9 - 0.18 * k
-        ax_txt.text(0.02, y, key, fontsize=10, ha="left", va="center", transform=ax_txt.transAxes)
+    for row, (caption, figure) in enumerate(lines):
+        y = 0.9 - 0.18 * row
+        ax_txt.text(0.02, y, caption, fontsize=10, ha="left", va="center", transform=ax_txt.transAxes)
         ax_txt.text(
             0.8,
             y,
-            value,
+            figure,
             fontsize=10,
             fontweight="bold",
             ha="right",
@@ -583,10 +583,15 @@ def write_report(
     summary_png = None
     presence = None
     if metrics is not None:
+        assert gt_videos is not None  # metrics are computed only with a ground truth
         presence = presence_matrix({v: pred_videos[v] for v in order}, {v: gt_videos[v] for v in order})
         fig = draw_summary(metrics, presence)
         summary_png = atomic_write_bytes(out / "summary.png", figure_to_png(fig))
-    sources = {"pred": pred_src, "gt": gt_src, "probs": str(probs_path) if probs_path is not None else None}
+    sources: dict[str, Any] = {
+        "pred": pred_src,
+        "gt": gt_src,
+        "probs": str(probs_path) if probs_path is not None else None,
+    }
     md = summary_markdown(
         {v: pred_videos[v] for v in order},
         {v: gt_videos[v] for v in order} if gt_videos is not None else None,

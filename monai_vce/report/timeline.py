@@ -279,7 +279,7 @@ def draw_timeline(
     ax.axhline(len(ANATOMY) - 0.5, color="#999999", lw=0.8, zorder=1)
     if trace is not None:
         edges, values = trace
-        for i, name in enumerate(LABELS):
+        for i in range(len(LABELS)):
             base = i + 0.45
             ax.fill_between(
                 edges, base, base - 0.85 * values[:, i], step="post", color=PROB_COLOR, alpha=0.3, lw=0, zorder=2
@@ -304,12 +304,12 @@ def draw_timeline(
             )
     ax.set_ylim(NUM_LABELS - 0.5, -0.5)
     ax.set_yticks(ys, list(LABELS), fontsize=9)
-    for tick, name in zip(ax.get_yticklabels(), LABELS):
+    for tick, name in zip(ax.get_yticklabels(), LABELS, strict=False):
         tick.set_color("#1a1a1a" if name in ANATOMY else "#7a1f1f")
     ax.tick_params(axis="y", length=0)
     ax.set_xlim(lo, hi)
     ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{int(round(v)):,}"))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{round(v):,}"))
     ax.set_xlabel(axis_name, fontsize=10)
     ax.grid(axis="x", color="#dddddd", lw=0.6, zorder=0)
     ax.set_axisbelow(True)
@@ -345,7 +345,7 @@ def draw_timeline(
         va="center",
     )
 
-    handles = [Patch(facecolor=PRED_COLOR, label="predicted events")]
+    handles: list[Any] = [Patch(facecolor=PRED_COLOR, label="predicted events")]
     if gt_events is not None:
         handles.append(Patch(facecolor=GT_COLOR, label="ground truth"))
     if trace is not None:
