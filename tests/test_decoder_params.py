@@ -212,3 +212,13 @@ def test_decoding_with_the_unified_kernels_matches_the_composition_of_events():
             for e in events
         ]
         assert np.all(np.diff(scores) <= 1e-12)
+
+
+def test_parameters_pickle_and_deep_copy():
+    import copy
+    import pickle
+
+    params = DecoderParams.paper(anatomy={"enabled": True}).with_label("ulcer", threshold=0.2)
+    assert pickle.loads(pickle.dumps(params)) == params
+    clone = copy.deepcopy(params)
+    assert clone == params and clone.source == params.source

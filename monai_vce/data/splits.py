@@ -21,7 +21,8 @@ datalist), so a split is reproducible.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -39,12 +40,12 @@ __all__ = [
 ]
 
 
-def video_ids(datalist: Sequence[dict]) -> list[str]:
+def video_ids(datalist: Sequence[Mapping[str, Any]]) -> list[str]:
     """Return the distinct ``video_id`` values of a datalist in natural id order."""
     return sorted({str(d["video_id"]) for d in datalist}, key=natural_key)
 
 
-def group_by_video(datalist: Sequence[dict]) -> dict[str, list[dict]]:
+def group_by_video(datalist: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
     """Group datalist items by ``video_id``.
 
     Args:
@@ -53,7 +54,7 @@ def group_by_video(datalist: Sequence[dict]) -> dict[str, list[dict]]:
     Returns:
         ``{video_id: [items]}`` with videos in natural id order and items in datalist order.
     """
-    groups: dict[str, list[dict]] = {}
+    groups: dict[str, list[Mapping[str, Any]]] = {}
     for d in datalist:
         groups.setdefault(str(d["video_id"]), []).append(d)
     return {k: groups[k] for k in sorted(groups, key=natural_key)}

@@ -32,6 +32,7 @@ from monai.utils import IgniteInfo, evenly_divisible_all_gather, min_version, op
 
 from monai_vce.events.ground_truth import ground_truth_events
 from monai_vce.events.probabilities import VideoArrays
+from monai_vce.events.runs import value_runs
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import NUM_LABELS
 from monai_vce.utils import natural_key
@@ -237,10 +238,8 @@ class VideoFrameCollector:
                 f"batch sizes disagree: {probs.shape[0]} probability rows, {len(vids)} video ids, "
                 f"{index.shape[0]} frame ids" + (f", {targets.shape[0]} target rows" if targets is not None else "")
             )
-        arr = np.asarray(vids)
         # split the batch into runs of the same video (a batch can span the end of one video and the next)
-        starts = np.flatnonzero(np.r_[True, arr[1:] != arr[:-1]])
-        ends = np.r_[starts[1:], len(arr)]
+        starts, ends, _ = value_runs(np.asarray(vids))
         for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
             vid = vids[s]
             if self.streaming and idist.get_world_size() == 1 and self._chunks and vid not in self._chunks:

@@ -109,28 +109,41 @@ def median_mask(mask: np.ndarray, windows: int | Sequence[int] | np.ndarray) -> 
     """Running median of a binary mask along time (a majority vote over an odd window per class).
 
     Equal to ``scipy.ndimage.median_filter(mask, size=(w, 1), mode="nearest")`` per class, computed with
-    one cumulative sum for all classes. The edge frames a window reaches beyond the video are counted, not
-    materialised, so memory stays ``O(T x C)`` whatever the window.
+    one cumulative sum for all classes. Windows longer than the video are counted, not padded: memory stays
+    ``O(T x C)`` whatever the window.
     """
     mask = _check_2d(mask, "mask").astype(bool)
     T, C = mask.shape
     win = _check_windows(as_per_class(windows, C, "median windows", dtype=np.int64))
     if T == 0 or np.all(win <= 1):
         return mask.copy()
-    csum = np.zeros((T + 1, C), dtype=np.int64)
-    np.cumsum(mask, axis=0, out=csum[1:])
-    first, last = mask[0].astype(np.int64), mask[-1].astype(np.int64)
-    t = np.arange(T, dtype=np.int64)
+    half = win // 2
     out = np.empty((T, C), dtype=bool)
-    for w in np.unique(win):
-        cols = np.flatnonzero(win == w)
-        h = int(w) // 2
-        # edge mode "nearest": frames before the first (after the last) repeat the first (last) frame
-        lo, hi = t - h, t + h
-        inside = csum[np.clip(hi + 1, 0, T)][:, cols] - csum[np.clip(lo, 0, T)][:, cols]
-        before = np.maximum(-lo, 0)[:, None] * first[cols]
-        after = np.maximum(hi - (T - 1), 0)[:, None] * last[cols]
-        out[:, cols] = (inside + before + after) > h
+    short = half < T
+    if short.any():
+        hmax = int(half[short].max())
+        # edge mode "nearest": repeat the first / last frame
+        padded = np.concatenate([np.repeat(mask[:1], hmax, 0), mask, np.repeat(mask[-1:], hmax, 0)], axis=0)
+        csum = np.zeros((T + 2 * hmax + 1, C), dtype=np.int32)
+        np.cumsum(padded, axis=0, out=csum[1:])
+        for w in np.unique(win[short]):
+            cols = np.flatnonzero(win == w)
+            h = int(w) // 2
+            # window sum over frames t-h..t+h = csum[t+hmax+h+1] - csum[t+hmax-h]
+            hi = csum[hmax + h + 1 : hmax + h + 1 + T, cols]
+            lo = csum[hmax - h : hmax - h + T, cols]
+            out[:, cols] = (hi - lo) > h
+    if not short.all():
+        # a window reaching past both ends at every frame: the whole video plus h - t copies of the first frame
+        # and h - (T - 1 - t) copies of the last
+        t = np.arange(T, dtype=np.int64)[:, None]
+        total = mask.sum(axis=0, dtype=np.int64)
+        first, last = mask[0].astype(np.int64), mask[-1].astype(np.int64)
+        for w in np.unique(win[~short]):
+            cols = np.flatnonzero(win == w)
+            h = int(w) // 2
+            votes = total[cols] + (h - t) * first[cols] + (h - (T - 1) + t) * last[cols]
+            out[:, cols] = votes > h
     keep = win <= 1
     if keep.any():
         out[:, keep] = mask[:, keep]

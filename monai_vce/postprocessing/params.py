@@ -463,6 +463,10 @@ class DecoderParams(Mapping[str, Any]):
 
     __hash__ = None  # type: ignore[assignment]
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the frozen views cannot be pickled or deep-copied themselves: rebuild from the plain JSON object
+        return (type(self), (self.to_dict(), self.source))
+
     def __repr__(self) -> str:
         return (
             f"DecoderParams(composition={self['composition']!r}, anatomy={self['anatomy']['enabled']}, "

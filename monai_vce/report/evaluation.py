@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from monai_vce.data.splits import group_by_video
 from monai_vce.events import load_events
 from monai_vce.events.ground_truth import ground_truth_events
 from monai_vce.events.probabilities import load_video_probs, probability_file
@@ -42,34 +43,31 @@ def datalist_ground_truth(
         frame_units: ``"frame_index"`` or ``"frame_number"`` (formerly ``units``).
     """
     key = as_frame_units(frame_units).value
-    rows: dict[str, list] = {}
-    for d in datalist:
-        if "label" not in d:
-            raise ValueError(
-                f"datalist item of video {d.get('video_id')} frame {d.get(key)} has no 'label': no ground truth"
-            )
-        rows.setdefault(str(d["video_id"]), []).append((int(d[key]), d["label"]))
+    unlabelled = next((d for d in datalist if "label" not in d), None)
+    if unlabelled is not None:
+        raise ValueError(
+            f"datalist item of video {unlabelled.get('video_id')} frame {unlabelled.get(key)} has no 'label': "
+            "no ground truth"
+        )
     videos = [
         {
             "video_id": vid,
             "events": ground_truth_events(
-                np.array([r[0] for r in items], dtype=np.int64),
-                np.asarray([r[1] for r in items], dtype=np.float32),
+                np.array([int(d[key]) for d in items], dtype=np.int64),
+                np.asarray([d["label"] for d in items], dtype=np.float32),
                 video_id=vid,
             ),
         }
-        for vid, items in rows.items()
+        for vid, items in group_by_video(datalist).items()
     ]
     return {"videos": videos}
 
 
 def _frame_ap(datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike) -> dict[str, float | None]:
     """Frame-level average precision per label of the probability files against the datalist's labels."""
-    labels: dict[str, dict[int, Any]] = {}
-    for d in datalist:
-        labels.setdefault(str(d["video_id"]), {})[int(d["frame_index"])] = d["label"]
     probs, targets = [], []
-    for vid, rows in labels.items():
+    for vid, items in group_by_video(datalist).items():
+        rows = {int(d["frame_index"]): d["label"] for d in items}
         v = load_video_probs(probability_file(probs_dir, vid))
         probs.append(v.probs)
         targets.append(np.asarray([rows[int(i)] for i in v.frame_index], dtype=np.float32))
