@@ -181,7 +181,7 @@ def test_files_written_by_earlier_versions_still_load(tmp_path):
     path.write_text(json.dumps(OLD_FILE))
     with pytest.warns(DeprecationWarning, match="frame_units='index' is deprecated"):
         params = DecoderParams.load(path)
-    assert params["frame_units"] == "frame_index" and params.units == "frame_index"
+    assert params["frame_units"] == "frame_index" and params.frame_units == "frame_index"
     assert params["labels"]["ulcer"]["presence"]["cutoff"] == 0.31 and params["fit"]["videos"] == 12
     rng = np.random.default_rng(0)
     events = EventDecoder(params)(rng.random((300, 17)), np.arange(300))

@@ -101,9 +101,9 @@ class VideoArrays:
         """Former name of :attr:`targets`."""
         return self.targets
 
-    def frame_ids(self, units: FrameUnits | str = FrameUnits.FRAME_INDEX) -> np.ndarray:
-        """The ``(T,)`` frame ids in ``units`` (``"frame_index"`` or ``"frame_number"``)."""
-        return self.frame_index if as_frame_units(units, "units") is FrameUnits.FRAME_INDEX else self.frame_number
+    def frame_ids(self, frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX) -> np.ndarray:
+        """The ``(T,)`` frame ids in ``frame_units`` (``"frame_index"`` or ``"frame_number"``)."""
+        return self.frame_index if as_frame_units(frame_units) is FrameUnits.FRAME_INDEX else self.frame_number
 
     def __len__(self) -> int:
         return int(self.frame_index.shape[0])

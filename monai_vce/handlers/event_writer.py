@@ -142,7 +142,7 @@ class TemporalEventWriter:
         """The frame units of the events: the writer's, checked against the decoder parameters' own."""
         params = getattr(decoder, "params", None)
         # only fitted parameters state their units (an unfitted default says nothing about them)
-        fitted = params.units if isinstance(params, DecoderParams) and "fit" in params else None
+        fitted = params.frame_units if isinstance(params, DecoderParams) and "fit" in params else None
         if self.frame_units is None:
             return fitted or FrameUnits.FRAME_INDEX
         if fitted is not None and fitted is not self.frame_units:

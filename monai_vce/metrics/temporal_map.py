@@ -3,7 +3,7 @@
 For each ground-truth video and each label, the ground-truth segments are the events that list the label,
 in file order, and the predicted segments likewise. Predictions are matched greedily in listed order: each
 takes the first still-unmatched ground-truth segment, in listed order, whose temporal IoU with it is at
-least the threshold, where frames count inclusively::
+least the tIoU threshold, where frames count inclusively::
 
     overlap = min(end_a, end_b) - max(start_a, start_b) + 1      (0 when negative)
     tIoU    = overlap / (len_a + len_b - overlap),   len = end - start + 1
@@ -193,7 +193,7 @@ def average_precision(
         tiou_thresholds: tIoU thresholds (formerly ``thresholds``).
 
     Returns:
-        (K,) float64 AP per threshold.
+        (K,) float64 AP per tIoU threshold.
     """
     ths = _check_tiou_thresholds(tiou_thresholds)
     gt = np.asarray(gt, dtype=np.int64).reshape(-1, 2)
@@ -216,7 +216,7 @@ def _average_precision(gt: np.ndarray, pred: np.ndarray, ths: tuple[float, ...])
             # every pair qualifies (tIoU >= 0): prediction i takes ground truth i
             tp = np.arange(n_pred) < n_gt
         else:
-            assert pairs is not None  # computed above whenever a threshold is positive
+            assert pairs is not None  # computed above whenever a tIoU threshold is positive
             rows, cols, vals = pairs
             keep = vals >= t
             tp = _greedy_tp(rows[keep], cols[keep], n_pred, n_gt)
@@ -256,7 +256,7 @@ def video_average_precision(
     tiou_thresholds: float | Sequence[float] = (0.5, 0.95),
     labels: Sequence[str] = LABELS,
 ) -> np.ndarray:
-    """Challenge AP of one video for every label and threshold.
+    """Challenge AP of one video for every label and tIoU threshold.
 
     Args:
         gt_events: the video's ground-truth events (``start``, ``end``, ``label`` list), in listed order.
@@ -265,7 +265,7 @@ def video_average_precision(
         labels: the labels to score.
 
     Returns:
-        (L, K) float64 AP; the video's mAP at threshold k is ``ap[:, k].mean()``.
+        (L, K) float64 AP; the video's mAP at tIoU threshold k is ``ap[:, k].mean()``.
     """
     ths = _check_tiou_thresholds(tiou_thresholds)
     labels = _check_labels(labels)
@@ -346,10 +346,10 @@ def temporal_map(
         ``{"mAP@0.5": float, "mAP@0.95": float, "tiou_thresholds": [...], "num_videos": int,
         "per_label": {label: {"0.5": mean AP over videos, ...}},
         "per_video": {video_id: {"mAP@0.5": .., "mAP@0.95": .., "AP": {label: {"0.5": .., "0.95": ..}}}},
-        "missing_pred_videos": [...], "extra_pred_videos": [...]}``; one ``mAP@{t:g}`` key per threshold.
+        "missing_pred_videos": [...], "extra_pred_videos": [...]}``; one ``mAP@{t:g}`` key per tIoU threshold.
 
     Raises:
-        ValueError: invalid inputs, thresholds or labels, or a ground truth without videos.
+        ValueError: invalid inputs, tIoU thresholds or labels, or a ground truth without videos.
     """
     ths = _check_tiou_thresholds(tiou_thresholds)
     labels = _check_labels(labels)

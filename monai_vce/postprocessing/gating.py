@@ -270,7 +270,7 @@ def cross_validate_presence(
             :func:`fit_presence_rule` (``(V,)`` values each) and the ``(V, N)`` AP of the emitted label at
             each of ``N`` tIoU thresholds.
         absent: ``(V,)`` True where the video lacks the label.
-        weights: ``(N,)`` weight of each threshold in the fitting objective.
+        weights: ``(N,)`` weight of each tIoU threshold in the fitting objective.
         folds: ``(V,)`` fold index of each video (:func:`video_folds`).
         min_gain: passed to :func:`fit_presence_rule`.
 

@@ -444,7 +444,7 @@ class DecoderParams(Mapping[str, Any]):
         return [dict(self._data["labels"][n]["presence"]) for n in LABELS]
 
     @property
-    def units(self) -> FrameUnits:
+    def frame_units(self) -> FrameUnits:
         """``frame_units`` as a :class:`~monai_vce.events.FrameUnits`."""
         return FrameUnits(self._data["frame_units"])
 

@@ -31,9 +31,9 @@ than it gains. So after each label's steps, the whole per-label fit (choice of c
 presence rule) is cross-validated over videos (:func:`~monai_vce.postprocessing.gating.cross_validate_presence`,
 ``presence_folds`` folds), and the label keeps its rule only when its out-of-fold mean AP, weighted over the
 tIoU thresholds, beats never emitting it by more than ``presence_cv_z`` standard errors of that mean gain, and no
-scored threshold loses by more than its own margin (a tie at one threshold does not veto a gain at another);
+scored tIoU threshold loses by more than its own margin (a tie at one tIoU threshold does not veto a gain at another);
 otherwise its rule becomes ``"never"``, what the empty submission does for that label. The out-of-fold gains and
-margins (per threshold and weighted) are recorded in ``params["fit"]["out_of_fold_gain"]``.
+margins (per tIoU threshold and weighted) are recorded in ``params["fit"]["out_of_fold_gain"]``.
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ class _Tuner:
     def step(self, label: int, key: str | None, values: Sequence, fixed: list, ctx: list) -> tuple[Any, dict, float]:
         """Best value of one parameter of one label (with its presence rule) and its objective.
 
-        Every candidate's presence features and per-threshold APs are appended to ``self.candidates`` for the
+        Every candidate's presence features and per-tIoU-threshold APs are appended to ``self.candidates`` for the
         cross-validated emission decision (:meth:`decide`).
         """
         K = len(values) if key else 1
@@ -254,12 +254,12 @@ class _Tuner:
         """Whether emitting the label beats never emitting it out of fold.
 
         The label is emitted when its weighted out-of-fold gain over "never" (weights of the tIoU thresholds)
-        exceeds its margin and no scored threshold loses by more than its own margin. A tie at one threshold
+        exceeds its margin and no scored tIoU threshold loses by more than its own margin. A tie at one tIoU threshold
         (e.g. no gain at tIoU 0.95 on short videos) therefore does not veto a clear gain at another.
 
         Returns:
             ``(emit, gain, need, combined, combined_need)``: the decision, the ``(N,)`` out-of-fold gain in mean
-            AP over "never", the ``(N,)`` margin of each threshold, and the weighted gain and its margin.
+            AP over "never", the ``(N,)`` margin of each tIoU threshold, and the weighted gain and its margin.
         """
         absent = np.array([v.absent[label] for v in self.videos])
         if self.folds is None or not self.candidates:
@@ -364,7 +364,7 @@ def tune_decoder(
         grids: candidate values per chain parameter (keys of :data:`DEFAULT_GRIDS`); a key left out is not tuned.
         rounds: coordinate-ascent rounds over all labels.
         tiou_thresholds: tIoU thresholds of the objective (formerly ``thresholds``).
-        weights: weight of each threshold in the objective (equal when ``None``).
+        weights: weight of each tIoU threshold in the objective (equal when ``None``).
         presence_rules: candidate presence features (see :mod:`~monai_vce.postprocessing.gating`).
         rankings: ranking rules compared by the composed validation score at the end.
         presence_min_gain: margin (mean AP) a presence cutoff must win by over emitting always / never
