@@ -284,7 +284,7 @@ def test_config_file_list_syntax_matches_docs():
 def test_inference_datalist_from_folder_or_json_and_pending_frames(tmp_path, mini_galar):
     import numpy as np
 
-    from monai_vce.utils import atomic_save_npz
+    from monai_vce.events import VideoArrays, probability_file, save_video_probs
     from monai_vce.workflows import completed_videos, inference_datalist, pending_frames, video_ids
 
     from_root = inference_datalist(mini_galar)  # <dir>/frames/<video_id>/ is found
@@ -298,11 +298,14 @@ def test_inference_datalist_from_folder_or_json_and_pending_frames(tmp_path, min
     vids = video_ids(from_root)
     first = [d for d in from_root if d["video_id"] == vids[0]]
     probs = tmp_path / "probs"
-    atomic_save_npz(
-        probs / f"{vids[0]}.npz", probs=np.zeros((len(first), 17), np.float32), frame_index=np.arange(len(first))
-    )
+
+    def write(vid: str, n: int) -> None:
+        ids = np.arange(n, dtype=np.int64)
+        save_video_probs(probability_file(probs, vid), VideoArrays(vid, np.zeros((n, 17), np.float32), ids, ids))
+
+    write(vids[0], len(first))
     # a file with the wrong number of frames (the video folder changed) does not count as complete
-    atomic_save_npz(probs / f"{vids[1]}.npz", probs=np.zeros((3, 17), np.float32), frame_index=np.arange(3))
+    write(vids[1], 3)
     assert completed_videos(from_root, probs) == [vids[0]]
     todo = pending_frames(from_root, probs)
     assert video_ids(todo) == vids[1:] and len(todo) == len(from_root) - len(first)

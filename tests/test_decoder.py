@@ -191,7 +191,7 @@ def test_nan_error_names_video_and_frame():
     p[17, 3] = np.nan
     with pytest.raises(ValueError, match=r"video 'v7'.*frame 17.*small intestine"):
         decode_videos({"v7": (p, np.arange(300))}, EventDecoder())
-    with pytest.raises(ValueError, match=r"outside \\[0, 1\\].*logits"):
+    with pytest.raises(ValueError, match=r"outside \[0, 1\].*logits"):
         EventDecoder()(_video() * 3, np.arange(300))
     with pytest.raises(ValueError, match="strictly increasing"):
         EventDecoder()(_video(), np.r_[np.arange(299), 5])

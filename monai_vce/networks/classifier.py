@@ -7,7 +7,7 @@ import os
 import re
 import warnings
 from collections.abc import Sequence
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -90,9 +90,7 @@ class DiffAttnCLIPClassifier(nn.Module):
             when present, else log(1 / 0.07).
     """
 
-    __jit_unused_properties__: ClassVar[list[str]] = ["num_layers"]
-    mean: torch.Tensor  # buffers
-    std: torch.Tensor
+    __jit_unused_properties__ = ["num_layers"]  # noqa: RUF012  (TorchScript reads it as a plain class attribute)
 
     def __init__(
         self,

@@ -55,8 +55,6 @@ class TextContrastiveHead(nn.Module):
         max_logit_scale: upper clamp of the scale (not its log), as in CLIP training.
     """
 
-    text_embeddings: torch.Tensor  # a buffer
-
     def __init__(
         self,
         text_embeddings: torch.Tensor,
