@@ -44,7 +44,7 @@ GALAR = Path(__file__).resolve().parents[2] / "shared" / "data" / "galar_events.
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gt", default=str(GALAR), help="ground-truth event JSON (index units)")
+    parser.add_argument("--gt", default=str(GALAR), help="ground-truth event JSON (frame_index units)")
     parser.add_argument("--levels", nargs="+", default=list(NOISE_LEVELS), help="noise levels")
     parser.add_argument("--tune-videos", type=int, default=60, help="videos used for tuning; the rest are held out")
     parser.add_argument("--rounds", type=int, default=2, help="coordinate-ascent rounds of the tuning")

@@ -307,7 +307,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 key = f"{attention}/{mode}"
                 r: dict[str, object] = {}
 
-                def phase(fields: tuple[str, ...], fn: Callable[[], object]) -> None:
+                # the phases run at once, in this iteration: the defaults bind this iteration's key, record and model
+                def phase(
+                    fields: tuple[str, ...], fn: Callable[[], object], key: str = key, r: dict[str, object] = r
+                ) -> None:
                     # one failing phase (e.g. a compile error) must not cost the other figures
                     try:
                         out = fn()
@@ -315,34 +318,34 @@ def main(argv: Sequence[str] | None = None) -> int:
                         print(f"[{key}] {fields[0]} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
                         r.update({f: "failed" for f in fields})
                         return
-                    r.update(zip(fields, out if isinstance(out, tuple) else (out,)))
+                    r.update(zip(fields, out if isinstance(out, tuple) else (out,), strict=False))
 
                 _reset_peak(device)
                 phase(
                     ("infer_model", "infer_model_s"),
-                    lambda: _timed(
-                        lambda: infer_model_only(model, device, image_size, args.batch_size, args.infer_batches)
+                    lambda m=model: _timed(
+                        lambda: infer_model_only(m, device, image_size, args.batch_size, args.infer_batches)
                     ),
                 )
                 r["infer_peak"] = _peak_gib(device)
                 if attention == "diff":
                     phase(
                         ("infer_e2e", "events_s"),
-                        lambda: infer_end_to_end(model, device, data, image_size, args.batch_size, args.workers),
+                        lambda m=model: infer_end_to_end(m, device, data, image_size, args.batch_size, args.workers),
                     )
                 _reset_peak(device)
                 phase(
                     ("train_model", "train_model_s"),
-                    lambda: _timed(
-                        lambda: train_model_only(model, device, image_size, args.train_batch_size, args.train_steps)
+                    lambda m=model: _timed(
+                        lambda: train_model_only(m, device, image_size, args.train_batch_size, args.train_steps)
                     ),
                 )
                 r["train_peak"] = _peak_gib(device)
                 if attention == "diff":
                     phase(
                         ("train_e2e",),
-                        lambda: train_end_to_end(
-                            model, device, train_data, image_size, args.train_batch_size, args.train_steps, args.workers
+                        lambda m=model: train_end_to_end(
+                            m, device, train_data, image_size, args.train_batch_size, args.train_steps, args.workers
                         ),
                     )
                 res[key] = r

@@ -52,7 +52,7 @@ CHAIN = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gt", default=str(GALAR), help="ground-truth event JSON (index units)")
+    parser.add_argument("--gt", default=str(GALAR), help="ground-truth event JSON (frame_index units)")
     parser.add_argument("--videos", nargs="+", default=list(DEFAULT_VIDEOS), help="video ids, or 'all'")
     parser.add_argument("--show", default="27", help="video whose timeline becomes the example image")
     parser.add_argument("--level", default="low", help="noise level of the simulated probabilities")

@@ -24,6 +24,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from monai_vce.events import load_events
+from monai_vce.metrics import temporal_map
+from monai_vce.utils import atomic_write_json, default_bundle_root
+
 __all__ = ["run_demo", "main"]
 
 
@@ -63,9 +67,6 @@ def run_demo(
     """
     import torch
     from monai.bundle import ckpt_export
-
-    from monai_vce.metrics import load_events, temporal_map
-    from monai_vce.workflows import default_bundle_root
 
     bundle = Path(bundle_root if bundle_root is not None else default_bundle_root()).resolve()
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
@@ -150,8 +151,6 @@ def run_demo(
         "empty_mAP@0.95": float(score_empty["mAP@0.95"]),
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
     }
-    from monai_vce.utils import atomic_write_json
-
     atomic_write_json(demo_dir / "summary.json", summary)
     say("\n== 4/4 held-out score (python -m monai_vce.metrics --gt GT --pred EVENTS)")
     say(

@@ -120,7 +120,7 @@ def multi_hot_to_labels(vector: Sequence[float], threshold: float = 0.5) -> list
     """Return the names whose value in a 17-long vector is at least ``threshold``, in :data:`LABELS` order."""
     if len(vector) != NUM_LABELS:
         raise ValueError(f"expected {NUM_LABELS} values in LABELS order, got {len(vector)}")
-    return [name for name, v in zip(LABELS, vector) if v >= threshold]
+    return [name for name, v in zip(LABELS, vector, strict=False) if v >= threshold]
 
 
 def prompts_for(name: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""Small shared helpers: atomic file writing and exclusive output-folder locks.
+"""Small shared helpers: atomic file writing, exclusive output-folder locks, natural sort order, the bundle folder.
 
 Every file the project writes goes through :func:`atomic_write_bytes` (temporary file in the same folder,
 ``fsync``, ``os.replace``), so a file that exists under its final name is complete, and a run killed at
@@ -9,15 +9,27 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import io
 import json
 import os
+import re
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_save_npz", "OutputLock"]
+__all__ = [
+    "default_bundle_root",
+    "natural_key",
+    "renamed_arguments",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "atomic_write_json",
+    "atomic_save_npz",
+    "OutputLock",
+]
 
 PathLike = str | os.PathLike
 
@@ -198,3 +210,62 @@ class OutputLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+def default_bundle_root() -> str:
+    """The bundle folder: ``.`` when run from inside it, ``bundle`` when run from the repository root.
+
+    The configs' ``bundle_root`` uses this, so that both ``cd bundle && python -m monai.bundle run ...
+    --config_file configs/train.json`` and ``python -m monai.bundle run ... --config_file
+    bundle/configs/train.json`` work; ``--bundle_root PATH`` overrides it.
+    """
+    cwd = Path.cwd()
+    if (cwd / "configs" / "metadata.json").is_file():
+        return "."
+    if (cwd / "bundle" / "configs" / "metadata.json").is_file():
+        return "bundle"
+    return str(Path(__file__).resolve().parents[1] / "bundle")
+
+
+def natural_key(text: str) -> tuple:
+    """Sort key ordering embedded numbers numerically (``"2"`` before ``"10"``, ``"ukdd_navi_00051"`` by 51)."""
+    return tuple((0, int(p), p) if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", str(text)) if p != "")
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def renamed_arguments(**renames: str) -> Callable[[_F], _F]:
+    """Decorator: keyword arguments renamed in this release keep working for one more, with a DeprecationWarning.
+
+    Example::
+
+        @renamed_arguments(thresholds="tiou_thresholds")
+        def temporal_map(gt, pred, tiou_thresholds=(0.5, 0.95)): ...
+
+        temporal_map(gt, pred, thresholds=[0.5])   # works, warns that 'thresholds' is now 'tiou_thresholds'
+
+    Args:
+        renames: ``old_name="new_name"`` pairs.
+    """
+
+    def decorate(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            for old, new in renames.items():
+                if old in kwargs:
+                    name = fn.__qualname__.replace(".__init__", "")
+                    if new in kwargs:
+                        raise TypeError(f"{name}() got both {old!r} (its former name) and {new!r}")
+                    warnings.warn(
+                        f"{name}(): argument {old!r} is deprecated and will be removed in the next release; "
+                        f"use {new!r}",
+                        DeprecationWarning,
+                        stacklevel=2,
+                    )
+                    kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

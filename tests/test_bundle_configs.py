@@ -263,9 +263,9 @@ def test_optimizer_uses_the_network_param_groups():
     ids = {id(p): g for g in groups for p in g["params"]}
     named = {n: p for n, p in net.named_parameters() if p.requires_grad}
     assert len(ids) == len(named)  # every trainable parameter exactly once
-    head = [n for n in named if n.startswith("classifier_head.") and n.endswith("weight") and named[n].ndim == 2][0]
-    trunk = [n for n in named if n.startswith("visual.") and "qkv.weight" in n][0]
-    bias = [n for n in named if n.endswith(".bias")][0]
+    head = next(n for n in named if n.startswith("classifier_head.") and n.endswith("weight") and named[n].ndim == 2)
+    trunk = next(n for n in named if n.startswith("visual.") and "qkv.weight" in n)
+    bias = next(n for n in named if n.endswith(".bias"))
     wd = json.loads(Path(TRAIN).read_text())["weight_decay"]
     assert ids[id(named[head])]["lr"] == pytest.approx(1e-3) and ids[id(named[head])]["weight_decay"] == wd
     # layer_decay 1.0 (the default): one multiplier for the whole pretrained tower
@@ -285,7 +285,7 @@ def test_config_file_list_syntax_matches_docs():
 def test_inference_datalist_from_folder_or_json_and_pending_frames(tmp_path, mini_galar):
     import numpy as np
 
-    from monai_vce.utils import atomic_save_npz
+    from monai_vce.events import VideoArrays, probability_file, save_video_probs
     from monai_vce.workflows import completed_videos, inference_datalist, pending_frames, video_ids
 
     from_root = inference_datalist(mini_galar)  # <dir>/frames/<video_id>/ is found
@@ -299,11 +299,14 @@ def test_inference_datalist_from_folder_or_json_and_pending_frames(tmp_path, min
     vids = video_ids(from_root)
     first = [d for d in from_root if d["video_id"] == vids[0]]
     probs = tmp_path / "probs"
-    atomic_save_npz(
-        probs / f"{vids[0]}.npz", probs=np.zeros((len(first), 17), np.float32), frame_index=np.arange(len(first))
-    )
+
+    def write(vid: str, n: int) -> None:
+        ids = np.arange(n, dtype=np.int64)
+        save_video_probs(probability_file(probs, vid), VideoArrays(vid, np.zeros((n, 17), np.float32), ids, ids))
+
+    write(vids[0], len(first))
     # a file with the wrong number of frames (the video folder changed) does not count as complete
-    atomic_save_npz(probs / f"{vids[1]}.npz", probs=np.zeros((3, 17), np.float32), frame_index=np.arange(3))
+    write(vids[1], 3)
     assert completed_videos(from_root, probs) == [vids[0]]
     todo = pending_frames(from_root, probs)
     assert video_ids(todo) == vids[1:] and len(todo) == len(from_root) - len(first)

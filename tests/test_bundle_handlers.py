@@ -11,6 +11,7 @@ from ignite.engine import Engine, Events
 
 from monai_vce.handlers import AtomicCheckpointSaver, DecoderTuningHandler, TemporalEventWriter, load_video_probs
 from monai_vce.labels import LABELS
+from monai_vce.postprocessing.decoder import DecoderParams
 
 
 def _batches(videos: dict[str, int], batch: int, seed: int = 0, labels: bool = False):
@@ -44,7 +45,7 @@ def _engine(batches):
 
 
 def test_event_writer_streams_each_video_and_writes_the_json(tmp_path):
-    batches, probs, _, rows = _batches({"1": 7, "2": 5, "ukdd_navi_00003": 9}, batch=4)
+    batches, probs, _, _ = _batches({"1": 7, "2": 5, "ukdd_navi_00003": 9}, batch=4)
     writer = TemporalEventWriter(tmp_path / "probs", events_file="events.json")
     engine = _engine(batches)
     writer.attach(engine)
@@ -72,14 +73,19 @@ def test_event_writer_streams_each_video_and_writes_the_json(tmp_path):
 
 def test_event_writer_frame_number_units_and_video_list(tmp_path):
     batches, _, _, _ = _batches({"1": 6, "2": 6}, batch=5)
-    writer = TemporalEventWriter(tmp_path, events_file=tmp_path / "out.json", units="frame_number", videos=["2", "1"])
+    writer = TemporalEventWriter(
+        tmp_path, events_file=tmp_path / "out.json", frame_units="frame_number", videos=["2", "1"]
+    )
     engine = _engine(batches)
     writer.attach(engine)
     engine.run(batches, max_epochs=1)
     events = json.loads((tmp_path / "out.json").read_text())
     assert [v["video_id"] for v in events["videos"]] == ["2", "1"]
-    frames = {f for v in events["videos"] for e in v["events"] for f in (e["start"], e["end"])}
-    assert frames and all(f % 5 == 2 for f in frames)  # frame numbers 5 * index + 2
+    starts = {e["start"] for v in events["videos"] for e in v["events"]}
+    ends = {e["end"] for v in events["videos"] for e in v["events"]}
+    assert starts and all(f % 5 == 2 for f in starts)  # frame numbers 5 * index + 2
+    # an event ends one frame before the next row's frame number (the ground truth's gap rule), or on the last row
+    assert ends and all(f % 5 == 1 or f == 5 * 5 + 2 for f in ends)
 
 
 def test_event_writer_refuses_nan_probabilities(tmp_path):
@@ -100,7 +106,11 @@ def test_event_writer_reports_missing_files(tmp_path):
 
 
 def test_decoder_tuning_handler_fits_and_saves(tmp_path):
-    batches, probs, target, rows = _batches({"1": 40, "2": 30}, batch=16, labels=True)
+    from monai_vce.events import ground_truth_events
+    from monai_vce.handlers import ThresholdOptimizationHandler, VideoFrameCollector
+    from monai_vce.postprocessing import optimize_thresholds
+
+    batches, probs, target, _ = _batches({"1": 40, "2": 30}, batch=16, labels=True)
     calls = {}
 
     def fake_tune(videos, base=None, frame_units="frame_number"):
@@ -109,21 +119,49 @@ def test_decoder_tuning_handler_fits_and_saves(tmp_path):
         calls["videos"], calls["kwargs"] = videos, {"base": base, "frame_units": frame_units}
         return DecoderParams({"frame_units": frame_units, "fit": {"videos": len(videos), "mAP@0.5": 0.5}})
 
-    handler = DecoderTuningHandler(tmp_path / "decoder.json", when="always", tune_fn=fake_tune)
+    # the explicit data path of the bundle: one collector, the threshold optimiser handed to the tuner
+    collector = VideoFrameCollector(label_key="label")
+    thresholds = ThresholdOptimizationHandler(collector=collector)
+    handler = DecoderTuningHandler(
+        tmp_path / "decoder.json", write_on="always", tune_fn=fake_tune, collector=collector, thresholds=thresholds
+    )
     engine = _engine(batches)
-    handler.attach(engine)
-    engine.add_event_handler(Events.EPOCH_STARTED, lambda e: setattr(e.state, "thresholds", np.full(17, 0.3)))
+    handler.attach(engine)  # attaches the collector too; the thresholds handler is not even attached
     engine.run(batches, max_epochs=1)
     assert set(calls["videos"]) == {"1", "2"}
     p, ids, gt = calls["videos"]["1"]
     np.testing.assert_array_equal(p, probs[:40])
     np.testing.assert_array_equal(ids, np.arange(40))
-    from monai_vce.postprocessing.events import frames_to_events
-
-    assert gt == frames_to_events(target[:40] >= 0.5, np.arange(40), mode="label_set")
-    assert calls["kwargs"]["base"]["labels"]["ulcer"]["threshold"] == pytest.approx(0.3)
+    assert gt == ground_truth_events(np.arange(40), target[:40])
+    expected = optimize_thresholds(probs, target, 0.05, 0.95)
+    got = [calls["kwargs"]["base"]["labels"][n]["threshold"] for n in LABELS]
+    np.testing.assert_allclose(got, expected)
     saved = json.loads((tmp_path / "decoder.json").read_text())
-    assert saved["frame_units"] == "index" and saved["fit"]["videos"] == 2
+    assert saved["frame_units"] == "frame_index" and saved["fit"]["videos"] == 2
+    assert handler.fits == 1  # nothing asked for the held-out decoding: one fit, on all videos
+
+
+def test_decoder_tuning_handler_deprecated_arguments(tmp_path):
+    batches, _, _, _ = _batches({"1": 40, "2": 30}, batch=16, labels=True)
+    calls = {}
+
+    def fake_tune(videos, base=None):
+        calls["base"] = base
+        return DecoderParams({"fit": {"videos": len(videos)}})
+
+    with pytest.warns(DeprecationWarning) as record:
+        handler = DecoderTuningHandler(
+            tmp_path / "d.json", when="always", units="index", tune_fn=fake_tune, thresholds_key="thresholds"
+        )
+    messages = " ".join(str(w.message) for w in record)
+    assert "'when' is deprecated" in messages and "'units' is deprecated" in messages
+    assert "'index' is deprecated" in messages and "thresholds_key" in messages
+    assert handler.write_on == "always" and handler.frame_units == "frame_index"
+    engine = _engine(batches)
+    handler.attach(engine)
+    engine.add_event_handler(Events.EPOCH_STARTED, lambda e: setattr(e.state, "thresholds", np.full(17, 0.3)))
+    engine.run(batches, max_epochs=1)
+    assert calls["base"]["labels"]["ulcer"]["threshold"] == pytest.approx(0.3)
 
 
 def test_decoder_tuning_handler_best_only(tmp_path):

@@ -46,7 +46,7 @@ def test_inference_writes_probabilities_and_events(inferred, mini_galar):
     from monai_vce.metrics import load_events
     from monai_vce.workflows import inference_datalist
 
-    run, out, log = inferred
+    _, out, log = inferred
     datalist = inference_datalist(mini_galar / "frames")
     videos = list(dict.fromkeys(d["video_id"] for d in datalist))
     assert sorted(p.stem for p in (out / "probs").glob("*.npz")) == sorted(videos)

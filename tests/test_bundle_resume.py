@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 from bundle_helpers import DEMO, TRAIN, config_list, run_bundle, tiny_overrides
@@ -13,7 +14,7 @@ def test_training_killed_after_epoch_1_resumes(tmp_path, mini_galar):
     base = ["run", "training", "--config_file", config_list(TRAIN, DEMO)]
     overrides = tiny_overrides(mini_galar, out, max_epochs=2)
     # end the process abruptly (no cleanup, like SIGKILL) once epoch 1 is validated and checkpointed
-    training = json.loads(open(TRAIN).read())["training"]
+    training = json.loads(Path(TRAIN).read_text())["training"]
     kill = "$@train#trainer.add_event_handler(ignite.engine.Events.EPOCH_COMPLETED, lambda e: os._exit(9) if e.state.epoch == 1 else None)"
     killed = ["$import ignite", *training[:-1], kill, training[-1]]
     proc = run_bundle(base + overrides + ["--training", json.dumps(killed)], check=False)

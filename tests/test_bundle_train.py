@@ -43,10 +43,10 @@ def test_training_tunes_thresholds_and_decoder(run):
     from monai_vce.postprocessing.decoder import DecoderParams
 
     params = DecoderParams.load(run["models"] / "decoder.json")
-    assert params["frame_units"] == "index" and set(params["labels"]) >= set(LABELS)
+    assert params["frame_units"] == "frame_index" and set(params["labels"]) >= set(LABELS)
     assert params.data["fit"]["videos"] >= 1
     thresholds = json.loads((run["models"] / "thresholds.json").read_text())
-    assert set(LABELS) <= set(thresholds if "thresholds" not in thresholds else thresholds["thresholds"])
+    assert set(LABELS) <= set(thresholds.get("thresholds", thresholds))
 
 
 def test_training_log_reports_validation_metrics(run):

@@ -75,7 +75,7 @@ def test_remove_short_runs():
 
 def test_run_bounds():
     cls, start, stop = run_bounds(np.concatenate([col("0110"), col("1001")], axis=1))
-    assert list(zip(cls.tolist(), start.tolist(), stop.tolist())) == [(0, 1, 3), (1, 0, 1), (1, 3, 4)]
+    assert list(zip(cls.tolist(), start.tolist(), stop.tolist(), strict=False)) == [(0, 1, 3), (1, 0, 1), (1, 3, 4)]
 
 
 def test_order_matters():
@@ -112,3 +112,23 @@ def test_median_before_threshold_filters_probabilities():
         apply_chain(p, order=("fill_gaps", "threshold"))
     with pytest.raises(ValueError, match="unknown chain step"):
         apply_chain(p, order=("threshold", "smooth"))
+
+
+def test_median_mask_windows_longer_than_the_video_match_scipy_and_allocate_nothing_big():
+    from scipy.ndimage import median_filter
+
+    rng = np.random.default_rng(5)
+    for T in (1, 2, 7, 40):
+        mask = rng.random((T, 4)) < 0.5
+        for w in (1, 3, 2 * T - 1, 2 * T + 1, 2 * T + 5, 6 * T + 1):
+            expected = median_filter(mask.astype(np.uint8), size=(w, 1), mode="nearest").astype(bool)
+            np.testing.assert_array_equal(median_mask(mask, w), expected, err_msg=f"T={T} w={w}")
+    # the largest window the decoder parameters allow, on a long video: counted, not padded (the edge copies
+    # outvote the video: both ends active -> all active, both inactive -> none, one of them -> a cut in between)
+    long = rng.random((130_000, 6)) < 0.3
+    long[0], long[-1] = [True, False, True, False, True, False], [True, False, False, True, True, False]
+    out = median_mask(long, 9_999_999)
+    assert out[:, 0].all() and not out[:, 1].any() and out[:, 4].all() and not out[:, 5].any()
+    total = long.sum(axis=0)
+    np.testing.assert_array_equal(np.flatnonzero(out[:, 2]), np.arange(min(total[2], 130_000)))  # total > t
+    np.testing.assert_array_equal(np.flatnonzero(~out[:, 3]), np.arange(130_000 - total[3]))

@@ -117,10 +117,11 @@ def test_decoder_label_set_events_and_units():
     assert si == [(150, 152), (153, 199), (200, 219), (220, 249), (250, 259), (260, 299)]
     assert {"start": 147, "end": 149, "label": ["pylorus", "stomach"]} in ev
     assert {"start": 200, "end": 219, "label": ["small intestine", "ulcer"]} in ev
-    # frame_number units: the same events shifted to the caller's ids
+    # frame_number units: the same events in the caller's ids; the frames between two rows belong to the event
+    # before them (the gap rule of the ground truth)
     ev2 = dec(p, np.arange(300) * 5 + 1000)
     assert sorted((e["start"], e["end"]) for e in ev2 if e["label"] == ["ulcer", "small intestine"][::-1]) == [
-        (2000, 2095)
+        (2000, 2099)
     ]
     per_label = EventDecoder(DecoderParams.paper(composition="per_label"))(p, np.arange(300))
     assert sorted((e["start"], e["end"]) for e in per_label if e["label"] == ["small intestine"]) == [(150, 299)]
@@ -190,7 +191,7 @@ def test_nan_error_names_video_and_frame():
     p[17, 3] = np.nan
     with pytest.raises(ValueError, match=r"video 'v7'.*frame 17.*small intestine"):
         decode_videos({"v7": (p, np.arange(300))}, EventDecoder())
-    with pytest.raises(ValueError, match="outside \\[0, 1\\].*logits"):
+    with pytest.raises(ValueError, match=r"outside \[0, 1\].*logits"):
         EventDecoder()(_video() * 3, np.arange(300))
     with pytest.raises(ValueError, match="strictly increasing"):
         EventDecoder()(_video(), np.r_[np.arange(299), 5])
@@ -206,7 +207,7 @@ def test_decode_videos_json():
 
 def test_params_round_trip_and_errors(tmp_path):
     params = DecoderParams.paper(composition="per_label", frame_units="frame_number", anatomy={"enabled": True})
-    params.data["labels"]["ulcer"]["presence"] = {"feature": "quantile", "q": 0.99, "cutoff": 0.7}
+    params = params.with_label("ulcer", presence={"feature": "quantile", "q": 0.99, "cutoff": 0.7})
     path = params.save(tmp_path / "p.json")
     loaded = DecoderParams.load(path)
     assert loaded == params and loaded["version"] == 1 and loaded["frame_units"] == "frame_number"
@@ -229,9 +230,9 @@ def test_params_round_trip_and_errors(tmp_path):
     bad(lambda d: d["labels"]["polyp"].update(presence={"feature": "peak"}), r"labels.polyp.presence.cutoff")
     bad(lambda d: d["anatomy"].update(landmark_window={"pylorus": -1}), r"anatomy.landmark_window.pylorus")
     (tmp_path / "broken.json").write_text("{not json")
-    with pytest.raises(ValueError, match="broken.json: not valid JSON"):
+    with pytest.raises(ValueError, match=r"broken.json: not valid JSON"):
         DecoderParams.load(tmp_path / "broken.json")
-    with pytest.raises(FileNotFoundError, match="missing.json"):
+    with pytest.raises(FileNotFoundError, match=r"missing.json"):
         DecoderParams.load(tmp_path / "missing.json")
     # EventDecoder accepts the path
     assert EventDecoder(str(path)).params == params
@@ -244,7 +245,7 @@ def test_from_thresholds(tmp_path):
     assert params.per_label("threshold")[L["ulcer"]] == 0.3 and params.per_label("threshold")[L["colon"]] == 0.5
     assert params["labels"]["ulcer"]["median_window"] == 7
     f.write_text(json.dumps({"tumour": 0.3}))
-    with pytest.raises(ValueError, match="thr.json: unknown label 'tumour'"):
+    with pytest.raises(ValueError, match=r"thr.json: unknown label 'tumour'"):
         DecoderParams.from_thresholds(f)
 
 
@@ -267,8 +268,8 @@ def test_lead_in_frames_carry_no_section():
     params = DecoderParams.paper(anatomy={"enabled": True, "switch_cost": 2.5, "skip_cost": 2.5, "entry_cost": 0.0})
     ev = EventDecoder(params)(probs, np.arange(truth.size))
     assert min(e["start"] for e in ev) == 40
-    params.data["labels"]["esophagus"]["presence"] = {"feature": "never"}
+    params = params.with_label("esophagus", presence={"feature": "never"})
     mask = EventDecoder(params).masks(probs)
     assert not mask[:, L["esophagus"]].any() and not mask[70:90].any() and mask[90:190, L["stomach"]].all()
-    with pytest.raises(ValueError, match="anatomy.entry_cost"):
+    with pytest.raises(ValueError, match=r"anatomy.entry_cost"):
         DecoderParams({"anatomy": {"entry_cost": -1.0}})

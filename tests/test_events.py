@@ -57,13 +57,17 @@ def test_per_label_runs():
     assert [e["label"] for e in frames_to_events(b, np.arange(4), mode="per_label")] == [["colon"], ["blood"]]
 
 
-def test_frame_id_gaps_do_not_split_events():
+def test_frame_id_gaps_do_not_split_events_and_belong_to_the_event_before_them():
     ids = np.array([0, 5, 10, 15, 20, 25])
     a = active_from(6, [("colon", 1, 4)])
-    assert frames_to_events(a, ids) == [{"start": 5, "end": 20, "label": ["colon"]}]
-    assert frames_to_events(a, ids, mode="per_label") == [{"start": 5, "end": 20, "label": ["colon"]}]
-    back = events_to_frames([{"start": 5, "end": 20, "label": ["colon"]}], ids)
+    # the gap rule of the challenge's ground truth: an event ends one frame before the next row's id
+    assert frames_to_events(a, ids) == [{"start": 5, "end": 24, "label": ["colon"]}]
+    assert frames_to_events(a, ids, mode="per_label") == [{"start": 5, "end": 24, "label": ["colon"]}]
+    back = events_to_frames([{"start": 5, "end": 24, "label": ["colon"]}], ids)
     np.testing.assert_array_equal(back, a)
+    # the last run of a video ends at the id of the last row
+    b = active_from(6, [("colon", 3, 5)])
+    assert frames_to_events(b, ids) == [{"start": 15, "end": 25, "label": ["colon"]}]
 
 
 def test_scores_are_mean_over_frames_and_labels():

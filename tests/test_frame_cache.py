@@ -138,7 +138,7 @@ def test_bad_inputs_name_the_problem(tmp_path):
         FrameCacheDataset([], tmp_path / "cache")
     with pytest.raises(ValueError, match="video_id"):
         FrameCache(tmp_path / "cache").build([{"image": "x.png"}], progress=False)
-    with pytest.raises(FileNotFoundError, match="missing.png"):
+    with pytest.raises(FileNotFoundError, match=r"missing.png"):
         FrameCache(tmp_path / "cache").build(
             [{"image": str(tmp_path / "missing.png"), "video_id": "v"}], progress=False
         )

@@ -154,7 +154,7 @@ def test_pil_fallback_decoder_matches(tmp_path, monkeypatch):
     fast = [load_vce_frame(p, 24) for p in (p_rgb, p16)]
     monkeypatch.setattr(frames, "_decode", frames._decode_pil)
     slow = [load_vce_frame(p, 24) for p in (p_rgb, p16)]
-    for a, b in zip(fast, slow):
+    for a, b in zip(fast, slow, strict=False):
         assert torch.equal(a, b)
     bad = tmp_path / "bad.png"
     bad.write_bytes((tmp_path / "rgb.png").read_bytes()[:200])

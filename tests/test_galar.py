@@ -24,7 +24,7 @@ from monai_vce.labels import LABELS, label_index
 
 # a header as the real files have it: our labels in another order, plus labels we do not use
 EXTRA = ("bubbles", "dirt", "foreign body")
-HEADER = ("index",) + tuple(reversed(LABELS[:9])) + EXTRA + LABELS[9:] + ("frame",)
+HEADER = ("index", *reversed(LABELS[:9]), *EXTRA, *LABELS[9:], "frame")
 
 
 def write_png(path: Path, value: int = 128) -> Path:
@@ -356,7 +356,7 @@ def test_build_ground_truth_label_set_runs(tmp_path):
         (3, 15, ["stomach", "pylorus"]),
         (4, 20, ["small intestine"]),
         (5, 25, ["small intestine"]),
-        (7, 35, ["small intestine"]),  # index 6 missing: a new event starts
+        (7, 35, ["small intestine"]),  # index 6 missing: the event goes on (the challenge's rule)
     ]
     write_csv(tmp_path / "1.csv", rows)
     gt = build_ground_truth(tmp_path)
@@ -365,10 +365,10 @@ def test_build_ground_truth_label_set_runs(tmp_path):
             {
                 "video_id": "1",
                 "events": [
+                    {"start": 0, "end": 0, "label": []},  # a row without labels: an empty event, as the challenge's
                     {"start": 1, "end": 2, "label": ["stomach"]},
-                    {"start": 3, "end": 3, "label": ["stomach", "pylorus"]},
-                    {"start": 4, "end": 5, "label": ["small intestine"]},
-                    {"start": 7, "end": 7, "label": ["small intestine"]},
+                    {"start": 3, "end": 3, "label": ["pylorus", "stomach"]},  # names sorted, as the challenge's
+                    {"start": 4, "end": 7, "label": ["small intestine"]},
                 ],
             }
         ]

@@ -49,7 +49,7 @@ def test_name_mapping():
 def test_prompts_cover_every_label():
     prompts = L.all_prompts()
     assert list(prompts) == list(L.LABELS)
-    for name, variants in prompts.items():
+    for variants in prompts.values():
         assert len(variants) == len(L.PROMPT_TEMPLATES) >= 3
         assert len(set(variants)) == len(variants)
     assert prompts["ulcer"][0] == "a video capsule endoscopy image showing an ulcer"

@@ -33,7 +33,7 @@ def doc(**videos):
 
 
 def ap_of(gt_events, pred_events, label, t):
-    res = temporal_map(doc(v=gt_events), doc(v=pred_events), thresholds=(t,))
+    res = temporal_map(doc(v=gt_events), doc(v=pred_events), tiou_thresholds=(t,))
     return res["per_video"]["v"]["AP"][label][f"{t:g}"]
 
 
@@ -119,7 +119,7 @@ def test_duplicates_are_false_positives():
 def test_multi_label_events_count_for_each_label():
     gt = doc(v=[ev(0, 9, "colon"), ev(10, 19, "blood", "colon")])
     pred = doc(v=[ev(0, 19, "colon"), ev(10, 19, "blood")])
-    ap = temporal_map(gt, pred, thresholds=(0.5,))["per_video"]["v"]["AP"]
+    ap = temporal_map(gt, pred, tiou_thresholds=(0.5,))["per_video"]["v"]["AP"]
     # colon: gt [0,9], [10,19]; pred [0,19] has tIoU 10/20 = 0.5 with [0,9]: tp [1], recall 1/2
     assert ap["colon"]["0.5"] == pytest.approx(0.5)
     assert ap["blood"]["0.5"] == 1.0
@@ -151,11 +151,11 @@ def test_missing_and_extra_prediction_videos():
 def test_any_threshold_key_and_labels_subset():
     gt = doc(v=[ev(0, 9, "colon"), ev(0, 3, "blood")])
     pred = doc(v=[ev(0, 6, "colon")])  # tIoU 0.7
-    res = temporal_map(gt, pred, thresholds=(0.3, 0.75), labels=("colon", "blood"))
+    res = temporal_map(gt, pred, tiou_thresholds=(0.3, 0.75), labels=("colon", "blood"))
     assert res["mAP@0.3"] == pytest.approx(0.5) and res["mAP@0.75"] == 0.0
     assert set(res["per_video"]["v"]["AP"]) == {"colon", "blood"}
     with pytest.raises(ValueError, match="thresholds"):
-        temporal_map(gt, pred, thresholds=(1.5,))
+        temporal_map(gt, pred, tiou_thresholds=(1.5,))
     with pytest.raises(ValueError, match="LABELS"):
         temporal_map(gt, pred, labels=("tumour",))
 
@@ -214,7 +214,10 @@ def test_vectorised_equals_reference_on_random_event_sets():
             for v in pred["videos"]:
                 v["events"] = v["events"] + v["events"][: len(v["events"]) // 2]
                 rng.shuffle(v["events"])
-        _close(temporal_map(gt, pred, thresholds=thresholds), temporal_map_reference(gt, pred, thresholds=thresholds))
+        _close(
+            temporal_map(gt, pred, tiou_thresholds=thresholds),
+            temporal_map_reference(gt, pred, tiou_thresholds=thresholds),
+        )
 
 
 def test_vectorised_blocks_equal_whole(monkeypatch):
@@ -235,7 +238,7 @@ def test_vectorised_blocks_equal_whole(monkeypatch):
 def test_low_level_functions_agree():
     gt_events = [ev(0, 9, "blood"), ev(20, 29, "blood", "colon")]
     pred_events = [ev(100, 110, "blood"), ev(0, 9, "blood"), ev(20, 29, "blood")]
-    table = video_average_precision(gt_events, pred_events, thresholds=(0.5, 0.95))
+    table = video_average_precision(gt_events, pred_events, tiou_thresholds=(0.5, 0.95))
     assert table.shape == (N, 2)
     assert table[LABELS.index("blood"), 0] == pytest.approx(0.25 + 1 / 3)
     assert table[LABELS.index("colon"), 0] == 0.0
@@ -327,9 +330,9 @@ def _run_engine(metric, batches, decollate=False):
         if decollate:
             engine.state.batch = [
                 {"video_id": v, "frame_index": torch.tensor(f)}
-                for v, f in zip(batch["video_id"], batch["frame_index"].tolist())
+                for v, f in zip(batch["video_id"], batch["frame_index"].tolist(), strict=False)
             ]
-            return [{"pred": p, "label": l} for p, l in zip(batch["pred"], batch["label"])]
+            return [{"pred": p, "label": y} for p, y in zip(batch["pred"], batch["label"], strict=False)]
         return {"pred": batch["pred"], "label": batch["label"]}
 
     engine = Engine(step)
@@ -341,7 +344,11 @@ def _run_engine(metric, batches, decollate=False):
 def _batches(videos, batch_size, rng):
     import torch
 
-    rows = [(vid, i, p, y) for vid, (probs, targets) in videos.items() for i, (p, y) in enumerate(zip(probs, targets))]
+    rows = [
+        (vid, i, p, y)
+        for vid, (probs, targets) in videos.items()
+        for i, (p, y) in enumerate(zip(probs, targets, strict=False))
+    ]
     order = rng.permutation(len(rows))  # frames arrive shuffled across videos and batches
     out = []
     for lo in range(0, len(rows), batch_size):
@@ -359,7 +366,7 @@ def _batches(videos, batch_size, rng):
 
 @pytest.mark.parametrize("decollate", [False, True])
 def test_ignite_metric_on_synthetic_videos(decollate):
-    from monai_vce.metrics import TemporalMAPMetric
+    from monai_vce.handlers import TemporalMAPMetric
     from monai_vce.postprocessing import event_json, frames_to_events
 
     rng = np.random.default_rng(0)
@@ -369,7 +376,7 @@ def test_ignite_metric_on_synthetic_videos(decollate):
     p2 = y2 * 0.9 + 0.05
     p2[:, LABELS.index("polyp")] = 0.05  # the polyp is missed
     videos = {"v1": (p1, y1), "v2": (p2, y2)}
-    metric = TemporalMAPMetric(thresholds=(0.5, 0.95))
+    metric = TemporalMAPMetric(tiou_thresholds=(0.5, 0.95))
     engine = _run_engine(metric, _batches(videos, 7, rng), decollate=decollate)
 
     ids1, ids2 = np.arange(60), np.arange(40)
@@ -387,7 +394,7 @@ def test_ignite_metric_custom_decoder_sigmoid_and_four_item_transform():
     import torch
     from ignite.engine import Engine
 
-    from monai_vce.metrics import TemporalMAPMetric
+    from monai_vce.handlers import TemporalMAPMetric
 
     y = _video_targets(30, [("colon", 0, 29)])
     logits = np.where(y > 0.5, 4.0, -4.0).astype(np.float32)
@@ -425,7 +432,7 @@ def test_ignite_metric_custom_decoder_sigmoid_and_four_item_transform():
 def test_ignite_metric_without_frames_is_not_computable():
     from ignite.exceptions import NotComputableError
 
-    from monai_vce.metrics import TemporalMAPMetric
+    from monai_vce.handlers import TemporalMAPMetric
 
     with pytest.raises(NotComputableError):
         TemporalMAPMetric().compute()
@@ -436,7 +443,7 @@ def _distributed_worker(local_rank, out_dir):
     import torch
     from ignite.engine import Engine
 
-    from monai_vce.metrics import TemporalMAPMetric
+    from monai_vce.handlers import TemporalMAPMetric
 
     rank = idist.get_rank()
     y = {
@@ -480,7 +487,7 @@ def test_ignite_metric_gathers_across_ranks(tmp_path):
 
 
 def test_ignite_metric_cross_fitted_decoder_scores_each_video_with_a_decoder_tuned_on_the_others():
-    from monai_vce.metrics import TemporalMAPMetric
+    from monai_vce.handlers import TemporalMAPMetric
     from monai_vce.postprocessing import EventDecoder, event_json, frames_to_events, tune_decoder, video_folds
 
     rng = np.random.default_rng(1)
@@ -505,9 +512,9 @@ def test_ignite_metric_cross_fitted_decoder_scores_each_video_with_a_decoder_tun
     fold = video_folds(len(vids), 2, seed=0)
     pred = {}
     for k in (0, 1):
-        fit = [(videos[v][0], ids, gt[v]) for v, f in zip(vids, fold) if f != k]
+        fit = [(videos[v][0], ids, gt[v]) for v, f in zip(vids, fold, strict=False) if f != k]
         dec = EventDecoder(tune_decoder(fit, **kwargs))
-        pred.update({v: dec(videos[v][0], ids) for v, f in zip(vids, fold) if f == k})
+        pred.update({v: dec(videos[v][0], ids) for v, f in zip(vids, fold, strict=False) if f == k})
     expected = temporal_map(event_json(gt), event_json(pred))
     assert e_cross.state.metrics["tmap"] == pytest.approx(expected["mAP@0.5"])
     # the fixed 0.5 threshold is fooled by the bias, the tuned decoder is not

@@ -329,18 +329,23 @@ def test_frame_number_units(tmp_path):
     probs = tmp_path / "probs"
     _write_probs(probs, "a", 1000, frame_number_offset=100)  # frame_number = 2 * index + 100
     pred = {"videos": [{"video_id": "a", "events": [_ev(100, 1500, "stomach"), _ev(1502, 2098, "colon")]}]}
-    res = write_report(pred, tmp_path / "r", probs_dir=probs, units="frame_number")
+    res = write_report(pred, tmp_path / "r", probs_dir=probs, frame_units="frame_number")
     assert _png_size(res["timelines"]["a"]) == (1600, 700)
-    # in index units these events lie outside the 1,000 frames of the file: a clear mismatch error
-    with pytest.raises(ValueError, match=r"video 'a'.*a\.npz.*--units"):
-        write_report(pred, tmp_path / "r2", probs_dir=probs, units="index")
+    # in frame-index units these events lie outside the 1,000 frames of the file: a clear mismatch error
+    with pytest.raises(ValueError, match=r"video 'a'.*a\.npz.*--frame-units"):
+        write_report(pred, tmp_path / "r2", probs_dir=probs, frame_units="frame_index")
+    # the former argument and value keep working for one release, with a DeprecationWarning each
+    with pytest.warns(DeprecationWarning) as record, pytest.raises(ValueError, match=r"cover frame_index 0 to 999"):
+        write_report(pred, tmp_path / "r3", probs_dir=probs, units="index")
+    messages = " ".join(str(w.message) for w in record)
+    assert "'units' is deprecated" in messages and "'index' is deprecated" in messages
 
 
 def test_bad_inputs_name_the_file_or_video(files, tmp_path):
     gt, pred, probs = files
     bad = tmp_path / "bad.json"
     bad.write_text('{"videos": [')
-    with pytest.raises(ValueError, match="bad.json"):
+    with pytest.raises(ValueError, match=r"bad.json"):
         write_report(bad, tmp_path / "o1", gt=gt)
     wrong_label = tmp_path / "wrong.json"
     wrong_label.write_text(json.dumps({"videos": [{"video_id": "a", "events": [_ev(0, 5, "stomac")]}]}))
@@ -369,7 +374,7 @@ def test_bad_inputs_name_the_file_or_video(files, tmp_path):
     (probs / "b.npz").unlink()
     with pytest.raises(FileNotFoundError, match=r"b\.npz.*'b'"):
         write_report(pred, tmp_path / "o6", gt=gt, probs_dir=probs)
-    with pytest.raises(FileNotFoundError, match="missing.json"):
+    with pytest.raises(FileNotFoundError, match=r"missing.json"):
         write_report(tmp_path / "missing.json", tmp_path / "o7")
 
 

@@ -111,13 +111,13 @@ def test_unchanged_thumbnails_are_reused_and_changed_frames_redrawn(tmp_path, mi
     frames = tmp_path / "frames"
     shutil.copytree(mini_galar / "frames" / "1", frames / "1")
     pred = {"videos": [json.loads((mini_galar / "ground_truth.json").read_text())["videos"][0]]}
-    write_review_site(pred, frames, tmp_path / "site", units="frame_number", progress=False)
+    write_review_site(pred, frames, tmp_path / "site", frame_units="frame_number", progress=False)
     thumb = next((tmp_path / "site" / "exams").rglob("thumbs/0.jpg"))
     stamp = thumb.stat().st_mtime_ns
-    write_review_site(pred, frames, tmp_path / "site", units="frame_number", progress=False)
+    write_review_site(pred, frames, tmp_path / "site", frame_units="frame_number", progress=False)
     assert thumb.stat().st_mtime_ns == stamp
     (frames / "1" / "frame_000030.PNG").unlink()  # the frame list changed
-    write_review_site(pred, frames, tmp_path / "site", units="frame_number", progress=False)
+    write_review_site(pred, frames, tmp_path / "site", frame_units="frame_number", progress=False)
     assert not (thumb.is_file() and thumb.stat().st_mtime_ns == stamp)
 
 
@@ -149,5 +149,7 @@ def test_run_review_writes_nothing_when_off(tmp_path, mini_galar):
 
 def test_events_beyond_the_frames_are_refused(tmp_path, mini_galar):
     pred = {"videos": [{"video_id": "1", "events": [{"start": 10, "end": 999, "label": ["ulcer"]}]}]}
-    with pytest.raises(ValueError, match=r"video '1': the predicted events span index 10 to 999 .* --units"):
+    with pytest.raises(
+        ValueError, match=r"video '1': the predicted events span frame_index 10 to 999 .* --frame-units"
+    ):
         write_review_site(pred, mini_galar / "frames", tmp_path / "site", progress=False)

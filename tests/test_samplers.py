@@ -130,7 +130,7 @@ def test_epochs_determinism_and_state():
 
 
 def test_bad_datalists():
-    with pytest.raises(ValueError, match="item 1 .*video v1, frame 5.* no 'label'"):
+    with pytest.raises(ValueError, match=r"item 1 .*video v1, frame 5.* no 'label'"):
         SqrtFrequencySampler([{"label": [1.0, 0.0]}, {"video_id": "v1", "frame_index": 5}])
     with pytest.raises(ValueError, match="different lengths"):
         SqrtFrequencySampler([{"label": [1.0, 0.0]}, {"label": [1.0]}])

@@ -70,7 +70,7 @@ def test_split_disjoint_complete_sized():
 
 def test_split_rare_labels_on_both_sides():
     dl = make_datalist(20)
-    ids, presence = video_label_presence(dl)
+    _, presence = video_label_presence(dl)
     for seed in range(6):
         train, val = split_videos(dl, val_fraction=0.2, seed=seed)
         _, p_val = video_label_presence(val)

@@ -31,18 +31,21 @@ def read_rows(path: Path) -> tuple[list[str], list[list[str]]]:
 
 
 def events_by_hand(path: Path) -> list[dict]:
-    """Label-set runs of one label CSV, written independently of the package code."""
+    """The challenge's ground-truth rule on one label CSV, written independently of the package code: rows in
+    index order, a new event where the label set changes, each event ending one frame before the next starts,
+    names sorted, rows without labels kept as events with an empty label list."""
     header, rows = read_rows(path)
+    rows = sorted(rows, key=lambda r: int(r[header.index("index")]))
     events: list[dict] = []
-    prev_index, prev_set = None, None
     for r in rows:
         index = int(r[header.index("index")])
-        names = [n for n in LABELS if r[header.index(n)] == "1"]
-        if names and prev_set == names and prev_index == index - 1:
+        names = sorted(n for n in LABELS if r[header.index(n)] == "1")
+        if events and events[-1]["label"] == names:
             events[-1]["end"] = index
-        elif names:
+        else:
+            if events:
+                events[-1]["end"] = index - 1
             events.append({"start": index, "end": index, "label": names})
-        prev_index, prev_set = index, names
     return events
 
 
@@ -219,7 +222,7 @@ def test_builtin_fallback_warns(tmp_path, monkeypatch):
 
 
 def test_missing_explicit_events_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="nope.json"):
+    with pytest.raises(FileNotFoundError, match=r"nope.json"):
         generate_mini_galar(tmp_path / "g", videos=1, frames_per_video=5, size=8, events_path=tmp_path / "nope.json")
 
 

@@ -80,7 +80,7 @@ def test_load_validation(tmp_path):
     with pytest.raises(ValueError, match=r"plain\.pt.*\(17, 16\)"):
         load_text_embeddings(plain, embed_dim=16)
     renamed = tmp_path / "renamed.pt"
-    torch.save({"labels": ["tumour"] + list(LABELS[1:]), "embeddings": torch.randn(17, 8)}, renamed)
+    torch.save({"labels": ["tumour", *LABELS[1:]], "embeddings": torch.randn(17, 8)}, renamed)
     with pytest.raises(ValueError, match=r"renamed\.pt.*unexpected: \['tumour'\].*missing: \['mouth'\]"):
         load_text_embeddings(renamed)
     nan = tmp_path / "nan.pt"
@@ -93,5 +93,5 @@ def test_load_validation(tmp_path):
     torch.save({"embeddings": torch.randn(17, 8), "extra": object()}, pickled)
     with pytest.raises(ValueError, match=r"cannot read text embeddings .*pickled\.pt"):
         load_text_embeddings(pickled)
-    with pytest.raises(FileNotFoundError, match="absent.pt"):
+    with pytest.raises(FileNotFoundError, match=r"absent.pt"):
         load_text_embeddings(tmp_path / "absent.pt")

@@ -96,19 +96,19 @@ def test_save_load_round_trip_and_errors(tmp_path):
     assert obj["ulcer"] == pytest.approx(0.95)
     np.testing.assert_array_equal(load_thresholds(path), t)
     # a mapping keyed by name works too
-    save_thresholds(tmp_path / "b.json", dict(zip(LABELS, t[::-1])))
+    save_thresholds(tmp_path / "b.json", dict(zip(LABELS, t[::-1], strict=False)))
     np.testing.assert_array_equal(load_thresholds(tmp_path / "b.json"), t[::-1])
 
-    with pytest.raises(FileNotFoundError, match="nope.json"):
+    with pytest.raises(FileNotFoundError, match=r"nope.json"):
         load_thresholds(tmp_path / "nope.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(ValueError, match="bad.json is not valid JSON"):
+    with pytest.raises(ValueError, match=r"bad.json is not valid JSON"):
         load_thresholds(bad)
     bad.write_text(json.dumps([0.5] * 17))
-    with pytest.raises(ValueError, match="bad.json must hold a JSON object"):
+    with pytest.raises(ValueError, match=r"bad.json must hold a JSON object"):
         load_thresholds(bad)
-    d = dict(zip(LABELS, [0.5] * 17))
+    d = dict(zip(LABELS, [0.5] * 17, strict=False))
     del d["polyp"]
     d["tumour"] = 0.4
     d["ulcer"] = 1.5
@@ -141,7 +141,7 @@ def test_handler_on_tiny_engine(tmp_path, decollated):
 
     def step(engine, batch):
         if decollated:  # MONAI's decollated output: a list of per-item dicts
-            return [{"pred": p, "label": y} for p, y in zip(batch["pred"], batch["label"])]
+            return [{"pred": p, "label": y} for p, y in zip(batch["pred"], batch["label"], strict=False)]
         return batch
 
     engine = Engine(step)
@@ -161,7 +161,7 @@ def test_handler_logits_best_only_and_range_check(tmp_path):
     batches = _val_batches(seed=1, logits=True)
     engine = Engine(lambda e, b: b)
     out = tmp_path / "t.json"
-    ThresholdOptimizationHandler(output_path=out, activation="sigmoid", write_on="best").attach(engine)
+    ThresholdOptimizationHandler(output_path=out, sigmoid=True, write_on="best").attach(engine)
     engine.state.best_metric_epoch = -1
     engine.run(batches, max_epochs=1)
     assert not out.exists()  # not the best epoch: nothing written
@@ -171,5 +171,13 @@ def test_handler_logits_best_only_and_range_check(tmp_path):
 
     engine2 = Engine(lambda e, b: b)
     ThresholdOptimizationHandler(output_path=out).attach(engine2)
-    with pytest.raises(ValueError, match="activation='sigmoid'"):
+    with pytest.raises(ValueError, match="sigmoid=True"):
         engine2.run(batches, max_epochs=1)
+
+    # the former argument still works for one release, with a DeprecationWarning
+    engine3 = Engine(lambda e, b: b)
+    with pytest.warns(DeprecationWarning, match="sigmoid=True"):
+        handler = ThresholdOptimizationHandler(activation="sigmoid")
+    handler.attach(engine3)
+    engine3.run(batches, max_epochs=1)
+    np.testing.assert_array_equal(engine3.state.thresholds, optimize_thresholds(p, y))

@@ -30,7 +30,7 @@ def test_label_segments_with_breaks():
     b = np.zeros(8, bool)
     b[3] = True
     ks, first, last = label_segments(m, b)
-    assert list(zip(first.tolist(), last.tolist())) == [(1, 2), (3, 4), (6, 7)]
+    assert list(zip(first.tolist(), last.tolist(), strict=False)) == [(1, 2), (3, 4), (6, 7)]
     assert ks.tolist() == [0, 0, 0]
 
 
@@ -85,7 +85,7 @@ def test_tuned_decoder_beats_paper_chain_and_empty_on_held_out_videos(tmp_path, 
         assert emitted == record["emit"], (name, record)
         if abs(record["weighted_gain"] - record["weighted_needed"]) > 1e-3:  # recorded values are rounded
             wins = record["weighted_gain"] > record["weighted_needed"] and all(
-                g >= -n - 1e-3 for g, n in zip(record["gain"], record["needed"])
+                g >= -n - 1e-3 for g, n in zip(record["gain"], record["needed"], strict=False)
             )
             assert emitted == wins, (name, record)
     # the fitted parameters survive a JSON round trip and decode the same
@@ -127,7 +127,7 @@ def test_tune_decoder_errors():
         tune_decoder([])
     p = np.full((10, NUM_LABELS), 0.5)
     p[4, 2] = np.inf
-    with pytest.raises(ValueError, match="video '0'.*frame 4"):
+    with pytest.raises(ValueError, match=r"video '0'.*frame 4"):
         tune_decoder([(p, np.arange(10), [])])
     with pytest.raises(ValueError, match="grids: unknown parameter"):
         tune_decoder([(np.full((10, NUM_LABELS), 0.5), np.arange(10), [])], grids={"window": (1,)})

@@ -134,7 +134,7 @@ def test_check_events_lists_first_problems_and_count():
 
 
 def test_load_events_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="missing.json not found"):
+    with pytest.raises(FileNotFoundError, match=r"missing.json not found"):
         load_events(tmp_path / "missing.json")
     broken = tmp_path / "broken.json"
     broken.write_text('{"videos": [\n  {"video_id": "1", "events": [}\n]}')
@@ -155,7 +155,7 @@ def test_load_events_errors(tmp_path):
     assert load_events(big) == GOOD
     invalid = tmp_path / "invalid.json"
     invalid.write_text(json.dumps(one([{"start": 0, "end": 1, "label": "colon"}])))
-    with pytest.raises(ValueError, match="invalid.json: 1 problem"):
+    with pytest.raises(ValueError, match=r"invalid.json: 1 problem"):
         load_events(invalid)
     assert load_events(invalid, validate=False)["videos"][0]["events"][0]["label"] == "colon"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .dataset_folder import check_folder, galar_datalist, galar_ground_truth, inference_datalist
 from .galar import (
     GalarReport,
     LabelTable,
@@ -31,12 +32,17 @@ __all__ = [
     "read_label_csv",
     "read_metadata",
     "verify_frames",
+    "check_folder",
+    "galar_datalist",
+    "galar_ground_truth",
+    "inference_datalist",
     "group_by_video",
     "kfold_videos",
     "split_videos",
     "video_ids",
     "video_label_presence",
     "generate_mini_galar",
+    "ensure_mini_galar",
     "resample_timeline",
     "DistributedSqrtFrequencySampler",
     "SqrtFrequencySampler",
@@ -61,6 +67,7 @@ __all__ = [
 # running it as __main__ does not import it twice.
 _LAZY = {
     "generate_mini_galar": "synthetic",
+    "ensure_mini_galar": "synthetic",
     "resample_timeline": "synthetic",
     "DistributedSqrtFrequencySampler": "samplers",
     "SqrtFrequencySampler": "samplers",

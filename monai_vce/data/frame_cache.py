@@ -329,7 +329,7 @@ class FrameCacheDataset(Dataset):
         rows[order] = np.arange(len(vnum)) - np.repeat(starts, counts)
         if files:  # frames of a video file: the cache row is the decoded position
             idx = np.flatnonzero(np.isin(uniq, list(files))[vnum])
-            rows[idx] = np.fromiter((data[i]["frame_number"] for i in idx), dtype=np.int64, count=len(idx))
+            rows[idx] = np.fromiter((data[int(i)]["frame_number"] for i in idx), dtype=np.int64, count=len(idx))
         self._vnum, self._rows = vnum, rows
         self._maps: dict[int, np.ndarray] = {}
 

@@ -40,11 +40,14 @@ import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
+from monai_vce.events.ground_truth import ground_truth_events
+from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import LABELS, NUM_LABELS
+from monai_vce.utils import natural_key
 
 __all__ = [
     "FRAME_FILE_PATTERN",
@@ -97,11 +100,6 @@ _EXAMPLES = 5
 _BINARY = {"0": 0.0, "1": 1.0, "0.0": 0.0, "1.0": 1.0}
 
 
-def natural_key(text: str) -> tuple:
-    """Sort key ordering embedded numbers numerically (``"2"`` before ``"10"``, ``"ukdd_navi_00051"`` by 51)."""
-    return tuple((0, int(p), p) if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", str(text)) if p != "")
-
-
 def parse_frame_number(name: str) -> int | None:
     """Return the frame number of a frame image file name, or ``None`` when it is not a frame image.
 
@@ -117,7 +115,7 @@ def _norm_header(name: str) -> str:
 
 
 def _examples(values: Iterable[Any]) -> list:
-    out = []
+    out: list = []
     for v in values:
         if len(out) >= _EXAMPLES:
             break
@@ -222,7 +220,7 @@ def list_frames(video_dir: PathLike) -> tuple[np.ndarray, list[str], list[tuple[
             f"any case, e.g. frame_000100.PNG)"
         )
     names.sort()
-    numbers = np.fromiter((int(FRAME_FILE_PATTERN.match(n).group(1)) for n in names), dtype=np.int64, count=len(names))
+    numbers = np.fromiter((parse_frame_number(n) for n in names), dtype=np.int64, count=len(names))
     order = np.argsort(numbers, kind="stable")  # stable: among equal numbers, sorted-name order is kept
     numbers = numbers[order]
     names = [names[i] for i in order]
@@ -236,7 +234,7 @@ def list_frames(video_dir: PathLike) -> tuple[np.ndarray, list[str], list[tuple[
                 duplicates[-1][1].append(names[pos])
             else:
                 duplicates.append((num, [names[pos]]))
-    paths = [str(folder / n) for n, k in zip(names, keep) if k]
+    paths = [str(folder / n) for n, k in zip(names, keep, strict=False) if k]
     return numbers[keep], paths, duplicates
 
 
@@ -355,7 +353,7 @@ def read_label_csv(path: PathLike, video_id: str | None = None) -> LabelTable:
     if not rows:
         raise ValueError(f"{path}: empty label file (expected a header with 'index', the labels and 'frame')")
     header = [_norm_header(h) for h in rows[0]]
-    col = {}
+    col: dict[str, int] = {}
     for i, h in enumerate(header):
         col.setdefault(h, i)  # a repeated header name: the first column wins
     for required in ("index", "frame"):
@@ -373,7 +371,7 @@ def read_label_csv(path: PathLike, video_id: str | None = None) -> LabelTable:
     if len(body) and (lengths != width).any():
         bad = int(np.flatnonzero(lengths != width)[0])
         raise ValueError(f"{path}: data row {bad + 1} has {lengths[bad]} fields, the header has {width}")
-    table = np.asarray(body, dtype=str).reshape(len(body), width)
+    table: np.ndarray = np.asarray(body, dtype=str).reshape(len(body), width)
     table = np.char.strip(table) if table.size else table
     index = _int_column(table[:, col["index"]], "index", path)
     frame = _int_column(table[:, col["frame"]], "frame", path)
@@ -493,8 +491,8 @@ class VideoReport:
     duplicate_frames: dict = field(default_factory=lambda: {"count": 0, "examples": []})
     duplicate_rows: dict = field(default_factory=lambda: {"count": 0, "examples": []})
 
-    _KINDS = ("unlabeled_frames", "rows_without_frame", "duplicate_frames", "duplicate_rows")
-    _WORDS = {
+    _KINDS: ClassVar[tuple[str, ...]] = ("unlabeled_frames", "rows_without_frame", "duplicate_frames", "duplicate_rows")
+    _WORDS: ClassVar[dict[str, str]] = {
         "unlabeled_frames": "frame images without a label row (dropped)",
         "rows_without_frame": "label rows without a frame image (dropped)",
         "duplicate_frames": "frame numbers carried by several image files (first file kept)",
@@ -677,7 +675,7 @@ def _align_video(
             "frame_number": fn,
             "capsule": capsule,
         }
-        for i, lab, fi, fn in zip(img_idx.tolist(), labels, findex, fnum)
+        for i, lab, fi, fn in zip(img_idx.tolist(), labels, findex, fnum, strict=False)
     ]
     rep.n_items = len(items)
     return items, rep
@@ -804,48 +802,34 @@ def build_inference_datalist(
         idx = numbers.tolist() if frame_index == "number" else list(range(len(numbers)))
         datalist.extend(
             {"image": p, "video_id": vid, "frame_index": i, "frame_number": n, "capsule": capsule}
-            for p, i, n in zip(paths, idx, numbers.tolist())
+            for p, i, n in zip(paths, idx, numbers.tolist(), strict=False)
         )
     _raise_or_warn(report, False, f"inference datalist from {frames_dir}")
     return datalist
 
 
-def _label_set_events(labels: np.ndarray, index: np.ndarray) -> list[dict]:
-    """Maximal runs of consecutive ``index`` values carrying the same non-empty label set."""
-    if len(index) == 0:
-        return []
-    order = np.argsort(index, kind="stable")
-    keep = np.ones(len(order), dtype=bool)
-    keep[1:] = index[order][1:] != index[order][:-1]  # a repeated index: its first row counts
-    order = order[keep]
-    idx = index[order]
-    lab = labels[order] > 0.5
-    change = np.ones(len(idx), dtype=bool)
-    change[1:] = (idx[1:] != idx[:-1] + 1) | (lab[1:] != lab[:-1]).any(axis=1)
-    starts = np.flatnonzero(change)
-    ends = np.append(starts[1:] - 1, len(idx) - 1)
-    events = []
-    for s, e in zip(starts.tolist(), ends.tolist()):
-        names = [LABELS[i] for i in np.flatnonzero(lab[s])]
-        if names:
-            events.append({"start": int(idx[s]), "end": int(idx[e]), "label": names})
-    return events
+def build_ground_truth(
+    labels_dir: PathLike,
+    videos: Iterable[str] | None = None,
+    frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
+) -> dict:
+    """Build the challenge event JSON of Galar label CSVs (the frame images are not needed).
 
-
-def build_ground_truth(labels_dir: PathLike, videos: Iterable[str] | None = None) -> dict:
-    """Build the challenge event JSON of Galar label CSVs (``index`` units, frames of images not needed).
-
-    An event is a maximal run of consecutive ``index`` values that carry exactly the same non-empty set of
-    labels (the challenge's ground-truth rule); a gap in ``index`` ends a run. Labels are listed in
-    :data:`LABELS` order.
+    Every video's events come from all the rows of its CSV through
+    :func:`monai_vce.events.ground_truth_events`, the challenge's ground-truth rule: runs of rows carrying the
+    same label set, a gap in the frame ids never ends an event, label lists sorted by name, rows without labels
+    kept as events with an empty label list.
 
     Args:
         labels_dir: folder of ``<video_id>.csv`` label files.
         videos: video ids to include (``None``: every CSV, natural id order).
+        frame_units: ``"frame_index"`` (the CSV's ``index`` column, the challenge's units) or ``"frame_number"``
+            (its ``frame`` column).
 
     Returns:
         ``{"videos": [{"video_id", "events": [{"start", "end", "label"}]}]}``.
     """
+    units = as_frame_units(frame_units)
     labels_dir = Path(labels_dir)
     if not labels_dir.is_dir():
         raise FileNotFoundError(f"labels folder not found: {labels_dir}")
@@ -860,5 +844,6 @@ def build_ground_truth(labels_dir: PathLike, videos: Iterable[str] | None = None
     out = []
     for vid in ids:
         table = read_label_csv(csvs[vid], video_id=vid)
-        out.append({"video_id": vid, "events": _label_set_events(table.labels, table.index)})
+        rows = table.index if units is FrameUnits.FRAME_INDEX else table.frame
+        out.append({"video_id": vid, "events": ground_truth_events(rows, table.labels, video_id=vid)})
     return {"videos": out}

@@ -260,5 +260,6 @@ class DistributedSqrtFrequencySampler(DistributedWeightedRandomSampler):
         # generator seeded per (seed, epoch, rank) so that runs are reproducible
         indices = torch.as_tensor(list(super(DistributedWeightedRandomSampler, self).__iter__()), dtype=torch.long)
         g = torch.Generator().manual_seed(int(self.seed) + 1_000_003 * int(self.epoch) + 7919 * int(self.rank))
-        draw = torch.multinomial(self.weights[indices], self.num_samples_per_rank, True, generator=g)
+        weights = torch.as_tensor(self.weights)  # already a tensor; typed as a sequence by MONAI
+        draw = torch.multinomial(weights[indices], self.num_samples_per_rank, True, generator=g)
         return iter(indices[draw].tolist())

@@ -21,12 +21,13 @@ datalist), so a split is reproducible.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from monai_vce.data.galar import natural_key
 from monai_vce.labels import NUM_LABELS
+from monai_vce.utils import natural_key
 
 __all__ = [
     "group_by_video",
@@ -39,12 +40,12 @@ __all__ = [
 ]
 
 
-def video_ids(datalist: Sequence[dict]) -> list[str]:
+def video_ids(datalist: Sequence[Mapping[str, Any]]) -> list[str]:
     """Return the distinct ``video_id`` values of a datalist in natural id order."""
     return sorted({str(d["video_id"]) for d in datalist}, key=natural_key)
 
 
-def group_by_video(datalist: Sequence[dict]) -> dict[str, list[dict]]:
+def group_by_video(datalist: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
     """Group datalist items by ``video_id``.
 
     Args:
@@ -53,7 +54,7 @@ def group_by_video(datalist: Sequence[dict]) -> dict[str, list[dict]]:
     Returns:
         ``{video_id: [items]}`` with videos in natural id order and items in datalist order.
     """
-    groups: dict[str, list[dict]] = {}
+    groups: dict[str, list[Mapping[str, Any]]] = {}
     for d in datalist:
         groups.setdefault(str(d["video_id"]), []).append(d)
     return {k: groups[k] for k in sorted(groups, key=natural_key)}
@@ -232,7 +233,7 @@ def split_videos(
     ids, presence = video_label_presence(datalist)
     if len(ids) < 2:
         raise ValueError(f"a train/validation split needs at least 2 videos, the datalist has {len(ids)}")
-    n_val = min(max(int(round(val_fraction * len(ids))), 1), len(ids) - 1)
+    n_val = min(max(round(val_fraction * len(ids)), 1), len(ids) - 1)
     secondary = _capsule_columns(datalist, ids) if stratify_capsule else None
     group = assign_video_groups(presence, [len(ids) - n_val, n_val], seed=seed, secondary=secondary)
     group = repair_video_groups(presence, group, seed=seed)

@@ -26,19 +26,25 @@ from __future__ import annotations
 
 import argparse
 import io
+import logging
 import os
 import shutil
 import sys
+import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from monai_vce.data.galar import _label_set_events, natural_key
 from monai_vce.data.render import CAPSULES, FrameNuisances, iter_render_video
+from monai_vce.events.composition import events_to_frames
+from monai_vce.events.ground_truth import ground_truth_events
+from monai_vce.events.runs import value_runs
+from monai_vce.events.validation import load_events
 from monai_vce.labels import LABELS, NUM_LABELS, PATHOLOGY, SECTIONS
-from monai_vce.utils import OutputLock, atomic_write_json, atomic_write_text
+from monai_vce.utils import OutputLock, atomic_write_json, atomic_write_text, natural_key
 
 __all__ = [
     "EVENTS_ENV",
@@ -50,8 +56,12 @@ __all__ = [
     "select_source_videos",
     "builtin_timeline",
     "generate_mini_galar",
+    "ensure_mini_galar",
     "main",
 ]
+
+PathLike = str | os.PathLike
+logger = logging.getLogger(__name__)
 
 #: Environment variable naming the real ``galar_events.json`` when it is not at its default place.
 EVENTS_ENV = "MONAI_VCE_GALAR_EVENTS"
@@ -60,7 +70,13 @@ EXTRA_COLUMNS: tuple[str, ...] = ("bubbles", "dirt")
 # column order of the written CSVs: not the LABELS order, with the extra labels in between, so readers
 # must match columns by name
 _CSV_LABELS: tuple[str, ...] = (
-    SECTIONS + ("z-line", "pylorus", "ileocecal valve", "bubbles", "dirt") + tuple(sorted(PATHOLOGY, reverse=True))
+    *SECTIONS,
+    "z-line",
+    "pylorus",
+    "ileocecal valve",
+    "bubbles",
+    "dirt",
+    *sorted(PATHOLOGY, reverse=True),
 )
 _MARKER = ".mini_galar"
 #: Video file formats the generator can write (``video_format``).
@@ -99,8 +115,6 @@ def find_galar_events(path: str | os.PathLike | None = None) -> Path | None:
 
 def load_timelines(path: str | os.PathLike) -> dict[str, list[dict]]:
     """Read an event JSON (challenge format) into ``{video_id: events}`` in natural video order."""
-    from monai_vce.metrics.validation import load_events
-
     # bounded size, and one-line errors naming the file for missing, non-JSON or hostile (deeply nested) files
     obj = load_events(path, validate=False)
     try:
@@ -113,22 +127,7 @@ def load_timelines(path: str | os.PathLike) -> dict[str, list[dict]]:
 def events_to_matrix(events: Sequence[dict], n_frames: int | None = None) -> np.ndarray:
     """Dense bool (T, 17) label matrix of an event list (``start``/``end`` inclusive, T = last end + 1)."""
     t = int(n_frames if n_frames is not None else max((e["end"] for e in events), default=-1) + 1)
-    out = np.zeros((t, NUM_LABELS), dtype=bool)
-    lut = {name: i for i, name in enumerate(LABELS)}
-    for e in events:
-        cols = [lut[n] for n in e["label"] if n in lut]
-        if cols:
-            out[int(e["start"]) : int(e["end"]) + 1, cols] = True
-    return out
-
-
-def _runs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Runs of equal values of a 1-D array: (starts, lengths, values)."""
-    change = np.ones(len(x), dtype=bool)
-    change[1:] = x[1:] != x[:-1]
-    starts = np.flatnonzero(change)
-    lengths = np.diff(np.append(starts, len(x)))
-    return starts, lengths, x[starts]
+    return events_to_frames(events, np.arange(t))
 
 
 def _allocate(lengths: np.ndarray, minimum: np.ndarray, total: int) -> np.ndarray:
@@ -173,7 +172,8 @@ def resample_timeline(matrix: np.ndarray, n_frames: int, min_event_frames: int =
     # section of each real frame (first section when several, -1 when none)
     has_sec = real[:, :_N_SEC].any(axis=1)
     sec = np.where(has_sec, real[:, :_N_SEC].argmax(axis=1), -1)
-    starts, lengths, values = _runs(sec)
+    starts, stops, values = value_runs(sec)
+    lengths = stops - starts
     minimum = np.zeros(len(starts), dtype=np.int64)
     for v in np.unique(values[values >= 0]):
         idx = np.flatnonzero(values == v)
@@ -208,7 +208,8 @@ def resample_timeline(matrix: np.ndarray, n_frames: int, min_event_frames: int =
         col = real[:, c]
         if not col.any():
             continue
-        s, ln, val = _runs(col.astype(np.int8))
+        s, stop, val = value_runs(col.astype(np.int8))
+        ln = stop - s
         s, ln = s[val == 1], ln[val == 1]
         p0 = np.interp(s, xs, ys)
         p1 = np.interp(s + ln, xs, ys)
@@ -324,7 +325,7 @@ def _csv_text(index: np.ndarray, frame: np.ndarray, labels: np.ndarray, extras: 
     cols.update(extras)
     table = np.column_stack([index] + [cols[name].astype(np.int64) for name in _CSV_LABELS] + [frame])
     body = "\n".join(",".join(map(str, row)) for row in table.tolist())
-    return ",".join(("index",) + _CSV_LABELS + ("frame",)) + "\n" + body + "\n"
+    return ",".join(("index", *_CSV_LABELS, "frame")) + "\n" + body + "\n"
 
 
 def generate_mini_galar(
@@ -440,12 +441,41 @@ def generate_mini_galar(
                         (folder / name.format(int(frame[start + j]))).write_bytes(buf.getvalue())
             extras = {"bubbles": nuisances.bubbles, "dirt": nuisances.dirt}
             atomic_write_text(out / "labels" / f"{vid}.csv", _csv_text(index, frame, labels, extras))
-            gt_videos.append({"video_id": vid, "events": _label_set_events(labels.astype(np.float32), index)})
+            gt_videos.append({"video_id": vid, "events": ground_truth_events(index, labels, video_id=vid)})
             meta_rows.append(f"{vid},{capsule},{sources[v]},{rule}")
         meta_text = "video_id,capsule,source_video,frame_rule\n" + "\n".join(meta_rows) + "\n"
         atomic_write_text(out / "metadata.csv", meta_text)
         atomic_write_json(out / "ground_truth.json", {"videos": gt_videos})
     return out
+
+
+def ensure_mini_galar(
+    out_dir: PathLike, videos: int = 8, frames_per_video: int = 120, size: int = 64, seed: int = 0, **kwargs: Any
+) -> str:
+    """Generate a mini-Galar dataset into ``out_dir`` unless a complete one is already there.
+
+    The data is generated into a temporary sibling folder and renamed into place, so an interrupted
+    generation never leaves a half-made dataset behind; ``out_dir/ground_truth.json`` marks a complete one.
+    ``kwargs`` go to :func:`monai_vce.data.synthetic.generate_mini_galar` (e.g. ``use_real_timelines``).
+
+    Returns:
+        ``out_dir`` as a string.
+    """
+    out = Path(out_dir)
+    if (out / "ground_truth.json").is_file():
+        return str(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        generate_mini_galar(tmp, videos=videos, frames_per_video=frames_per_video, size=size, seed=seed, **kwargs)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    logger.info(f"generated mini-Galar ({videos} videos x {frames_per_video} frames, {size} px): {out}")
+    return str(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

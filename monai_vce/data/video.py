@@ -214,7 +214,7 @@ def iter_video_frames(
     """
     import torch
 
-    from monai_vce.data.frames import _resize
+    from monai_vce.data.frames import resize_frame
 
     path = os.fspath(path)
     buf: list[np.ndarray] = []
@@ -223,7 +223,7 @@ def iter_video_frames(
 
     def flush() -> np.ndarray:
         batch = torch.from_numpy(np.stack(buf)).permute(0, 3, 1, 2)
-        return _resize(batch, image_size, antialias).numpy()
+        return resize_frame(batch, image_size, antialias).numpy()
 
     def last_good() -> str:
         return f"frame {done - 1}" if done else "no frame"

@@ -239,9 +239,10 @@ class VCETrainer(SupervisedTrainer):
         self.amp_kwargs = {k: v for k, v in self.amp_kwargs.items() if k not in ("dtype", "device_type")}
 
         sampler = getattr(train_data_loader, "sampler", None)
-        if callable(getattr(sampler, "set_epoch", None)) and not isinstance(sampler, DistributedSampler):
+        set_epoch = getattr(sampler, "set_epoch", None)
+        if callable(set_epoch) and not isinstance(sampler, DistributedSampler):
             # MONAI's Workflow does this for DistributedSampler only
-            self.add_event_handler(Events.EPOCH_STARTED, lambda engine: sampler.set_epoch(engine.state.epoch))
+            self.add_event_handler(Events.EPOCH_STARTED, lambda engine: set_epoch(engine.state.epoch))
 
     def set_random_state(self, seed: int | None = None, state: np.random.RandomState | None = None) -> VCETrainer:
         """Seed the mixup draws (the rest of the randomness follows ``monai.utils.set_determinism``)."""

@@ -1,7 +1,34 @@
+"""Ignite handlers and metrics of the bundle: the per-video collector of validation and inference outputs, the
+temporal mAP metric, event writing, F1 thresholds, decoder tuning, checkpoints, EMA, progress."""
+
+from __future__ import annotations
+
 from .checkpoint import AtomicCheckpointSaver, AtomicDiskSaver, BestMetricState, VCECheckpointLoader
 from .decoder_tuning import DecoderTuningHandler
 from .ema import EMAWeights
-from .event_writer import TemporalEventWriter, VideoFrameCollector, load_video_probs
+from .event_writer import TemporalEventWriter, load_video_probs
 from .frame_metrics import MultiLabelAveragePrecision
 from .progress import FrameProgressHandler
+from .temporal_map_metric import HeldOutDecoder, TemporalMAPMetric, threshold_decoder
 from .thresholds import ThresholdOptimizationHandler
+from .video_collector import VideoFrameCollector, all_gather_rows, all_gather_strings
+
+__all__ = [
+    "AtomicCheckpointSaver",
+    "AtomicDiskSaver",
+    "BestMetricState",
+    "VCECheckpointLoader",
+    "DecoderTuningHandler",
+    "EMAWeights",
+    "TemporalEventWriter",
+    "VideoFrameCollector",
+    "load_video_probs",
+    "MultiLabelAveragePrecision",
+    "FrameProgressHandler",
+    "TemporalMAPMetric",
+    "HeldOutDecoder",
+    "threshold_decoder",
+    "ThresholdOptimizationHandler",
+    "all_gather_rows",
+    "all_gather_strings",
+]

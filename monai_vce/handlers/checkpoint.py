@@ -20,7 +20,7 @@ from __future__ import annotations
 import io
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from monai.handlers import CheckpointLoader, CheckpointSaver
@@ -32,7 +32,10 @@ idist, _ = optional_import("ignite", IgniteInfo.OPT_IMPORT_VERSION, min_version,
 BaseSaveHandler, _ = optional_import(
     "ignite.handlers.checkpoint", IgniteInfo.OPT_IMPORT_VERSION, min_version, "BaseSaveHandler"
 )
-DiskSaver, _ = optional_import("ignite.handlers", IgniteInfo.OPT_IMPORT_VERSION, min_version, "DiskSaver")
+if TYPE_CHECKING:
+    from ignite.handlers import DiskSaver
+else:
+    DiskSaver, _ = optional_import("ignite.handlers", IgniteInfo.OPT_IMPORT_VERSION, min_version, "DiskSaver")
 
 __all__ = ["AtomicDiskSaver", "AtomicCheckpointSaver", "VCECheckpointLoader", "BestMetricState"]
 
@@ -112,7 +115,8 @@ class AtomicCheckpointSaver(CheckpointSaver):
 
 
 def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
-    return module.module if isinstance(getattr(module, "module", None), torch.nn.Module) else module
+    inner = getattr(module, "module", None)
+    return inner if isinstance(inner, torch.nn.Module) else module
 
 
 class VCECheckpointLoader(CheckpointLoader):

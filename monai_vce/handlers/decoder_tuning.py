@@ -1,11 +1,23 @@
 """An ignite handler that fits the event decoder on the validation videos and saves its parameters.
 
-Attached to the validation evaluator, :class:`DecoderTuningHandler` collects the frame probabilities and
-targets of whole validation videos (:class:`~monai_vce.handlers.event_writer.VideoFrameCollector`), and at
-the end of a validation run fits every decoder parameter by maximising the temporal mAP of the decoded
-events against the videos' ground truth (:func:`monai_vce.postprocessing.tuning.tune_decoder`). By default it
-tunes only when the evaluator's key metric improved, so the saved parameters belong to the saved best model,
-and writes them next to the checkpoint (``decoder.json``), where inference reads them.
+Attached to the validation evaluator, :class:`DecoderTuningHandler` reads the validation videos (probabilities,
+frame ids and ground truth) from a :class:`~monai_vce.handlers.VideoFrameCollector` and fits every decoder
+parameter by maximising the temporal mAP of the decoded events against the videos' ground truth
+(:func:`monai_vce.postprocessing.tune_decoder`).
+
+It does the decoder fitting of a validation, once:
+
+- the held-out decoding of the validation metric (:meth:`DecoderTuningHandler.held_out_events`): the videos are
+  dealt into ``folds`` folds and each fold is decoded with the decoder fitted on the other folds, so that
+  :class:`~monai_vce.handlers.TemporalMAPMetric` scores the model with a tuned decoder without scoring a video
+  with parameters fitted on it; one fit per fold, computed once per validation whoever asks;
+- the parameters saved for inference: fitted on every validation video, only when they are written (by default
+  at validations where the key metric improved, so they belong to the saved best model), next to the checkpoint
+  (``decoder.json``), where inference reads them.
+
+Each fit starts from the F1-optimal thresholds of the frames it is fitted on when ``thresholds`` (the
+validation's :class:`~monai_vce.handlers.ThresholdOptimizationHandler`) is given: the fold fits from their own
+folds' frames, the saved fit from the thresholds that handler computed on every validation frame.
 """
 
 from __future__ import annotations
@@ -13,6 +25,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +33,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from monai.utils import IgniteInfo, min_version, optional_import
 
-from .event_writer import VideoArrays, VideoFrameCollector
+from monai_vce.events.probabilities import VideoArrays
+from monai_vce.events.units import FrameUnits, as_frame_units
+from monai_vce.labels import LABELS
+from monai_vce.postprocessing.decoder import DecoderParams
+from monai_vce.postprocessing.tuning import cross_fitted_events, tune_decoder
+from monai_vce.utils import renamed_arguments
+
+from .thresholds import ThresholdOptimizationHandler
+from .video_collector import DecodingInput, VideoFrameCollector
 
 Events, _ = optional_import("ignite.engine", IgniteInfo.OPT_IMPORT_VERSION, min_version, "Events")
 idist, _ = optional_import("ignite", IgniteInfo.OPT_IMPORT_VERSION, min_version, "distributed")
@@ -31,140 +52,192 @@ else:
 
 __all__ = ["DecoderTuningHandler"]
 
-_WHEN = ("best", "always")
+_WRITE_ON = ("best", "always")
 
 
 class DecoderTuningHandler:
-    """Fit the event decoder on the validation videos at the end of validation and save its parameters.
+    """Fit the event decoder on the validation videos: held out for the metric, on all videos for inference.
 
     Args:
         params_file: the decoder-parameter JSON to write (atomically), e.g. ``<ckpt_dir>/decoder.json``.
-        when: ``"best"`` (default): tune only at validations where the evaluator's key metric improved, so
-            the parameters match the best checkpoint; ``"always"``: at every validation.
-        units: frame ids the tuned decoder will receive: ``"index"`` or ``"frame_number"``; recorded in the
-            parameters (``frame_units``) so that inference decodes in the same units.
-        thresholds_key: name of the ``engine.state`` attribute holding per-class decision thresholds tuned earlier
-            in the same validation (``ThresholdOptimizationHandler``'s ``state_key``); when present, the search
-            starts from them (``DecoderParams.from_thresholds``) instead of 0.5 for every class, which matters
-            for losses such as the asymmetric focal loss whose probabilities are not centred on 0.5.
-            ``None`` always starts from the defaults.
-        tune_kwargs: more keyword arguments for ``tune_decoder`` (grids, rounds, ...).
+        write_on: ``"best"`` (default): fit and write the parameters only at validations where the evaluator's
+            key metric improved, so they match the best checkpoint; ``"always"``: at every validation. Formerly
+            ``when``.
+        frame_units: frame ids the tuned decoder will receive, ``"frame_index"`` or ``"frame_number"``; recorded
+            in the parameters (``frame_units``) so that inference decodes in the same units. ``None``: the
+            collector's. Formerly ``units``.
+        thresholds: the validation's :class:`~monai_vce.handlers.ThresholdOptimizationHandler`; every fit then
+            starts from F1-optimal per-class thresholds (``DecoderParams.from_thresholds``) instead of 0.5, which
+            matters for losses such as the asymmetric focal loss whose probabilities are not centred on 0.5.
+            ``None`` starts from the defaults.
+        tune_kwargs: more keyword arguments for ``tune_fn`` (grids, rounds, ...).
         tune_fn: the fitting function ``({video_id: (probs, frame_ids, gt_events)}, **tune_kwargs) ->
-            DecoderParams``; default :func:`monai_vce.postprocessing.tuning.tune_decoder`.
-        pred_key: key of the ``(B, 17)`` probabilities in the engine output (apply the sigmoid in
-            ``postprocessing``).
-        label_key: key of the ``(B, 17)`` targets in the engine output (or the batch).
+            DecoderParams``; default :func:`monai_vce.postprocessing.tune_decoder`.
+        folds: folds of the held-out decoding (:meth:`held_out_events`).
+        seed: seed of the fold assignment.
+        collector: the validation's shared :class:`~monai_vce.handlers.VideoFrameCollector`; ``None`` creates
+            one (with ``pred_key``, ``label_key``) and attaches it with this handler.
+        pred_key: key of the ``(B, 17)`` probabilities in the engine output, for an own collector.
+        label_key: key of the ``(B, 17)`` targets in the engine output (or the batch), for an own collector.
+        thresholds_key: deprecated: the name of an ``engine.state`` attribute holding starting thresholds (the
+            former, handler-order-dependent way); use ``thresholds``.
         name: logger name (``None``: the engine's logger).
 
     Attributes:
-        params: the last fitted parameters (``None`` before the first fit).
+        params: the last parameters fitted on all videos (``None`` before the first fit).
+        fits: number of fits of the current validation (one per fold of the held-out decoding, one more when
+            the parameters are written).
     """
 
+    @renamed_arguments(when="write_on", units="frame_units")
     def __init__(
         self,
         params_file: str | os.PathLike,
-        when: str = "best",
-        units: str = "index",
-        thresholds_key: str | None = "thresholds",
+        write_on: str = "best",
+        frame_units: FrameUnits | str | None = None,
+        thresholds: ThresholdOptimizationHandler | None = None,
         tune_kwargs: Mapping[str, Any] | None = None,
         tune_fn: Callable[..., Any] | None = None,
+        folds: int = 2,
+        seed: int = 0,
+        collector: VideoFrameCollector | None = None,
         pred_key: str = "pred",
         label_key: str = "label",
+        thresholds_key: str | None = None,
         name: str | None = None,
     ) -> None:
-        if when not in _WHEN:
-            raise ValueError(f"when must be one of {_WHEN}, got {when!r}")
-        if units not in ("index", "frame_number"):
-            raise ValueError(f"units must be 'index' or 'frame_number', got {units!r}")
+        if write_on not in _WRITE_ON:
+            raise ValueError(f"write_on must be one of {_WRITE_ON}, got {write_on!r}")
+        units = None if frame_units is None else as_frame_units(frame_units)
+        if collector is None:
+            collector = VideoFrameCollector(
+                pred_key=pred_key, label_key=label_key, frame_units=units or FrameUnits.FRAME_INDEX
+            )
+        elif units is not None and units is not collector.frame_units:
+            raise ValueError(
+                f"frame_units {units.value!r} differs from the collector's {collector.frame_units.value!r}: the "
+                "decoder would be fitted in other units than the ground truth it is scored against"
+            )
+        if thresholds_key is not None:
+            warnings.warn(
+                "DecoderTuningHandler(thresholds_key=...) reads thresholds from engine.state, which depends on the "
+                "order of the handlers; it is deprecated and will be removed in the next release: pass the "
+                "ThresholdOptimizationHandler as thresholds=...",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         self.params_file = Path(params_file)
-        self.when = when
-        self.units = units
+        self.write_on = write_on
+        self.collector = collector
+        self.frame_units = collector.frame_units
+        self.thresholds = thresholds
         self.thresholds_key = thresholds_key
         self.tune_kwargs = dict(tune_kwargs or {})
-        self.tune_fn = tune_fn
+        self.tune_fn = tune_fn if tune_fn is not None else tune_decoder
+        self.folds = int(folds)
+        self.seed = int(seed)
         self.logger = logging.getLogger(name)
         self._name = name
-        self._videos: dict[str, VideoArrays] = {}
-        # tuning needs every video at once, so no streaming hand-over
-        self.collector = VideoFrameCollector(self._keep, pred_key=pred_key, label_key=label_key, streaming=False)
+        self._held_out: tuple[int, dict[str, list[dict[str, Any]]] | None] | None = None
+        self._generation = -1
+        self.fits = 0
         self.params: Any = None
 
-    def _keep(self, video: VideoArrays) -> None:
-        if video.labels is None:
-            raise ValueError(
-                f"video {video.video_id}: no targets in the validation output; decoder tuning needs labelled frames"
-            )
-        self._videos[video.video_id] = video
+    # --- fitting -----------------------------------------------------------------------------------------------
+    def _count(self) -> None:
+        if self._generation != self.collector.generation:
+            self._generation, self.fits = self.collector.generation, 0
+        self.fits += 1
 
-    def _should_tune(self, engine: Engine) -> bool:
-        if self.when == "always":
-            return True
-        best_epoch = getattr(engine.state, "best_metric_epoch", -1)
-        return best_epoch == engine.state.epoch
+    def _base(self, thresholds: Any) -> DecoderParams | None:
+        if thresholds is None or "base" in self.tune_kwargs:
+            return None
+        if not isinstance(thresholds, Mapping):
+            values = np.asarray(thresholds, dtype=float).ravel()
+            thresholds = {name: float(t) for name, t in zip(LABELS, values, strict=True)}
+        return DecoderParams.from_thresholds(thresholds)
 
-    def _epoch_started(self, engine: Engine) -> None:
-        self.collector.reset()
-        self._videos = {}
-
-    def _epoch_completed(self, engine: Engine) -> None:
-        self._videos = {}
-        tune = self._should_tune(engine)
-        if not tune:
-            # every rank must still take part in the gather of the collector when it runs
-            self.collector.reset()
-            return
-        self.collector.epoch_completed(engine)
-        if idist.get_rank() == 0 and self._videos:
-            thresholds = getattr(engine.state, self.thresholds_key, None) if self.thresholds_key else None
-            self.fit_and_save(thresholds)
-        self._videos = {}
-
-    def fit_and_save(self, thresholds: Any = None) -> Any:
-        """Fit the decoder on the collected videos and write ``params_file``; returns the parameters.
+    def fit(self, videos: Mapping[str, DecodingInput], thresholds: Any = None) -> DecoderParams:
+        """Fit the decoder on ``videos`` (``{video_id: (probs, frame_ids, gt_events)}``).
 
         Args:
+            videos: the videos to fit on.
             thresholds: optional per-class starting thresholds, ``(17,)`` in ``LABELS`` order or ``{label: value}``.
         """
-        from monai_vce.postprocessing.events import frames_to_events
-
-        tune_fn = self.tune_fn
-        if tune_fn is None:
-            from monai_vce.postprocessing.tuning import tune_decoder as tune_fn
-        # (probs, frame ids, ground-truth events) per video; the ground truth is the label-set runs of the
-        # frame targets, exactly how the challenge builds it
-        videos: dict[str, tuple[np.ndarray, np.ndarray, list]] = {}
-        for vid, v in self._videos.items():
-            ids = v.frame_index if self.units == "index" else v.frame_number
-            videos[vid] = (v.probs, ids, frames_to_events(v.labels >= 0.5, ids, mode="label_set"))
         kwargs = dict(self.tune_kwargs)
-        if thresholds is not None and "base" not in kwargs:
-            from monai_vce.labels import LABELS
-            from monai_vce.postprocessing.decoder import DecoderParams
-
-            if not isinstance(thresholds, Mapping):
-                thresholds = {name: float(t) for name, t in zip(LABELS, np.asarray(thresholds, dtype=float).ravel())}
-            kwargs["base"] = DecoderParams.from_thresholds(thresholds)
-        if "frame_units" in inspect.signature(tune_fn).parameters:
-            kwargs.setdefault("frame_units", self.units)
-        result = tune_fn(videos, **kwargs)
+        base = self._base(thresholds)
+        if base is not None:
+            kwargs["base"] = base
+        if "frame_units" in inspect.signature(self.tune_fn).parameters:
+            kwargs.setdefault("frame_units", self.frame_units)
+        self._count()
+        result = self.tune_fn(dict(videos), **kwargs)
         params = result[0] if isinstance(result, tuple) else result
+        return params if isinstance(params, DecoderParams) else DecoderParams(params)
+
+    def _fold_fit(self, train: dict[str, DecodingInput]) -> DecoderParams:
+        thresholds = None
+        if self.thresholds is not None:
+            videos = self.collector.videos()
+            probs = np.concatenate([videos[v].probs for v in train])
+            targets = np.concatenate([_targets(videos[v]) for v in train])
+            thresholds = self.thresholds.fit(probs, targets)[0]
+        return self.fit(train, thresholds)
+
+    def held_out_events(self, inputs: Mapping[str, DecodingInput]) -> dict[str, list[dict[str, Any]]] | None:
+        """Every validation video decoded with the decoder fitted on the other folds (``None``: too few videos).
+
+        Computed once per validation (the collector's epoch), whoever asks first.
+        """
+        generation = self.collector.generation
+        if self._held_out is None or self._held_out[0] != generation:
+            events = cross_fitted_events(inputs, folds=self.folds, seed=self.seed, fit=self._fold_fit)
+            self._held_out = (generation, events)
+        return self._held_out[1]
+
+    # --- events ------------------------------------------------------------------------------------------------
+    def _should_write(self, engine: Engine) -> bool:
+        if self.write_on == "always":
+            return True
+        return getattr(engine.state, "best_metric_epoch", -1) == engine.state.epoch
+
+    def _epoch_completed(self, engine: Engine) -> None:
+        if not self._should_write(engine):
+            return
+        # on every rank: the first request of an epoch gathers the ranks' frames
+        inputs = self.collector.decoding_inputs()
+        if self.thresholds is not None:
+            thresholds = self.thresholds.thresholds()
+        elif self.thresholds_key is not None:
+            thresholds = getattr(engine.state, self.thresholds_key, None)
+        else:
+            thresholds = None
+        if idist.get_rank() == 0 and inputs:
+            self.fit_and_save(inputs, thresholds)
+
+    def fit_and_save(self, inputs: Mapping[str, DecodingInput], thresholds: Any = None) -> DecoderParams:
+        """Fit the decoder on every video of ``inputs`` and write ``params_file``; returns the parameters."""
+        params = self.fit(inputs, thresholds)
         self.params_file.parent.mkdir(parents=True, exist_ok=True)
         params.save(self.params_file)
         self.params = params
-        fit = params.data.get("fit", {}) if isinstance(getattr(params, "data", None), dict) else {}
+        fit = params.get("fit", {})
         score = f", tuned mAP@0.5 {fit['mAP@0.5']:.4f}" if isinstance(fit.get("mAP@0.5"), (int, float)) else ""
         self.logger.info(
-            f"decoder tuned on {len(videos)} validation videos{score}, parameters saved: {self.params_file}"
+            f"decoder tuned on {len(inputs)} validation videos{score}, parameters saved: {self.params_file}"
         )
         return params
 
     def attach(self, engine: Engine) -> None:
-        """Attach to the validation evaluator."""
+        """Attach to the validation evaluator (and the collector with it)."""
         if self._name is None:
             self.logger = engine.logger
-        if not engine.has_event_handler(self.collector.iteration_completed, Events.ITERATION_COMPLETED):
-            engine.add_event_handler(Events.ITERATION_COMPLETED, self.collector.iteration_completed)
-        if not engine.has_event_handler(self._epoch_started, Events.EPOCH_STARTED):
-            engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
+        self.collector.attach(engine)
         if not engine.has_event_handler(self._epoch_completed, Events.EPOCH_COMPLETED):
             engine.add_event_handler(Events.EPOCH_COMPLETED, self._epoch_completed)
+
+
+def _targets(video: VideoArrays) -> np.ndarray:
+    if video.targets is None:
+        raise ValueError(f"video {video.video_id}: no targets collected; the F1 thresholds need them")
+    return video.targets

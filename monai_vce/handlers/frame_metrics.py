@@ -16,29 +16,14 @@ import torch
 from ignite.engine import Engine
 from ignite.exceptions import NotComputableError
 from ignite.metrics import Metric
+from monai.handlers.utils import from_engine
 
 from monai_vce.labels import LABELS
+from monai_vce.metrics.frame_average_precision import multilabel_average_precision
+
+from .video_collector import VideoFrameCollector, all_gather_rows, to_numpy
 
 __all__ = ["multilabel_average_precision", "MultiLabelAveragePrecision"]
-
-
-def multilabel_average_precision(probs: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """Per-class average precision of ``(N, C)`` scores against ``(N, C)`` binary targets (vectorised over classes).
-
-    AP is the mean of the precision at the rank of each positive (ties broken by the stable order). A class
-    without positives gets NaN.
-    """
-    probs = np.asarray(probs, dtype=np.float64)
-    targets = np.asarray(targets) >= 0.5
-    if probs.shape != targets.shape or probs.ndim != 2:
-        raise ValueError(f"probs and targets must be (N, C) arrays of one shape, got {probs.shape} and {targets.shape}")
-    order = np.argsort(-probs, axis=0, kind="stable")
-    hits = np.take_along_axis(targets, order, axis=0)
-    tp = np.cumsum(hits, axis=0)
-    precision = tp / np.arange(1, probs.shape[0] + 1)[:, None]
-    n_pos = hits.sum(axis=0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(n_pos > 0, (precision * hits).sum(axis=0) / n_pos, np.nan)
 
 
 class MultiLabelAveragePrecision(Metric):
@@ -47,9 +32,12 @@ class MultiLabelAveragePrecision(Metric):
 
     Args:
         output_transform: ``engine.state.output -> (probs (B, C), targets (B, C))``; default
-            ``monai.handlers.from_engine(["pred", "label"])`` (works with batched and decollated outputs).
+            ``monai.handlers.from_engine(["pred", "label"])`` (works with batched and decollated outputs). Not used
+            with ``collector``.
         labels: class names of the per-class details (default: the 17 labels).
         device: ignite metric device (accumulation happens on the CPU in numpy).
+        collector: the validation's shared :class:`~monai_vce.handlers.VideoFrameCollector` (its frames, each
+            once); ``None`` collects the frames here.
     """
 
     def __init__(
@@ -57,46 +45,40 @@ class MultiLabelAveragePrecision(Metric):
         output_transform: Callable | None = None,
         labels: tuple[str, ...] = LABELS,
         device: str | torch.device = "cpu",
+        collector: VideoFrameCollector | None = None,
     ) -> None:
-        from monai.handlers.utils import from_engine
-
         self.labels = tuple(labels)
         self.per_class: dict[str, float] = {}
+        self.collector = collector
         super().__init__(output_transform=output_transform or from_engine(["pred", "label"]), device=device)
 
     def reset(self) -> None:
         self._probs: list[np.ndarray] = []
         self._targets: list[np.ndarray] = []
 
+    def iteration_completed(self, engine: Engine) -> None:
+        if self.collector is None:  # the shared collector, attached to the evaluator, collects the frames
+            super().iteration_completed(engine)
+
     def update(self, output: Any) -> None:
         """Add one batch ``(probs, targets)``."""
         probs, targets = output
-        to_np = lambda x: (
-            (
-                torch.stack([torch.as_tensor(i) for i in x]) if isinstance(x, (list, tuple)) else torch.as_tensor(x)
-            )
-            .detach()
-            .float()
-            .cpu()
-            .numpy()
-        )
-        p, t = to_np(probs), to_np(targets)
+        p, t = to_numpy(probs, np.float32), to_numpy(targets, np.float32)
         self._probs.append(p.reshape(p.shape[0], -1))
         self._targets.append(t.reshape(t.shape[0], -1))
 
     def compute(self) -> float:
-        import ignite.distributed as idist
-
-        if not self._probs:
-            raise NotComputableError("MultiLabelAveragePrecision needs at least one batch")
-        probs, targets = np.concatenate(self._probs), np.concatenate(self._targets)
-        if idist.get_world_size() > 1:
-            parts = idist.all_gather((probs, targets))
-            probs = np.concatenate([p for p, _ in parts])
-            targets = np.concatenate([t for _, t in parts])
+        if self.collector is not None:
+            probs, targets = self.collector.frames()
+        else:
+            if not self._probs:
+                raise NotComputableError("MultiLabelAveragePrecision needs at least one batch")
+            probs, targets = all_gather_rows(np.concatenate(self._probs), np.concatenate(self._targets))
+        if not len(probs):
+            raise NotComputableError("MultiLabelAveragePrecision needs at least one frame")
         ap = multilabel_average_precision(probs, targets)
         names = self.labels if len(self.labels) == ap.shape[0] else tuple(str(i) for i in range(ap.shape[0]))
-        self.per_class = {n: float(v) for n, v in zip(names, ap)}
+        self.per_class = {n: float(v) for n, v in zip(names, ap, strict=True)}
         valid = ap[~np.isnan(ap)]
         return float(valid.mean()) if valid.size else float("nan")
 

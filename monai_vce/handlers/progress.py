@@ -120,11 +120,11 @@ class FrameProgressHandler:
             # a decollated batch (MONAI engines with decollate=True): one dict per frame
             ids = [item.get(self.video_key) for item in batch]
             return len(batch), ([] if any(i is None for i in ids) or not self.count_videos else ids)
-        ids = batch.get(self.video_key) if isinstance(batch, dict) and self.count_videos else None
-        if ids is not None:
-            ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        found = batch.get(self.video_key) if isinstance(batch, dict) and self.count_videos else None
+        if found is not None:
+            ids = found.tolist() if hasattr(found, "tolist") else list(found)
             return len(ids), ids
-        image = batch.get(self.image_key) if isinstance(batch, dict) else batch
+        image: Any = batch.get(self.image_key) if isinstance(batch, dict) else batch
         return (int(image.shape[0]) if hasattr(image, "shape") else 0), []
 
     def iteration_completed(self, engine: Engine) -> None:

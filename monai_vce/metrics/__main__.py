@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m monai_vce.metrics --gt GT.json --pred PRED.json [--thresholds 0.5 0.95] [--out result.json]
+    python -m monai_vce.metrics --gt GT.json --pred PRED.json [--tiou-thresholds 0.5 0.95] [--out result.json]
 
 Prints one JSON object (``mAP@0.5``, ``mAP@0.95``, ``per_label``, ``per_video``, ...). Invalid files are
 reported one problem per line on stderr with exit code 2. As the challenge does, a prediction whose video
@@ -15,10 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from collections.abc import Sequence
 
+from monai_vce.events.validation import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, load_events, validate_events
+from monai_vce.utils import atomic_write_json
+
 from .temporal_map import temporal_map
-from .validation import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, load_events, validate_events
 
 __all__ = ["main"]
 
@@ -31,8 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gt", required=True, help="ground-truth event JSON file")
     p.add_argument("--pred", required=True, help="prediction event JSON file")
     p.add_argument(
-        "--thresholds", type=float, nargs="+", default=[0.5, 0.95], help="tIoU thresholds (default 0.5 0.95)"
+        "--tiou-thresholds", type=float, nargs="+", default=[0.5, 0.95], help="tIoU thresholds (default 0.5 0.95)"
     )
+    p.add_argument("--thresholds", type=float, nargs="+", default=None, help=argparse.SUPPRESS)  # former name
     p.add_argument("--out", default=None, help="also write the result JSON to this file (atomically)")
     p.add_argument(
         "--allow-missing-videos",
@@ -50,6 +54,14 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 success, 2 invalid input)."""
     args = _parser().parse_args(argv)
+    if args.thresholds is not None:
+        warnings.warn(
+            "--thresholds is deprecated and will be removed in the next release; use --tiou-thresholds",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        print("warning: --thresholds is deprecated; use --tiou-thresholds", file=sys.stderr)
+        args.tiou_thresholds = args.thresholds
     problems: list[str] = []
     objs = {}
     for role, path in (("ground truth", args.gt), ("prediction", args.pred)):
@@ -66,7 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         problems += [f"{args.pred}: {p}" for p in pred_problems]
     if not problems:
         try:
-            result = temporal_map(objs["ground truth"], objs["prediction"], thresholds=args.thresholds, validate=False)
+            result = temporal_map(
+                objs["ground truth"], objs["prediction"], tiou_thresholds=args.tiou_thresholds, validate=False
+            )
         except ValueError as e:
             problems.append(str(e))
     if problems:
@@ -74,8 +88,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     indent = None if args.indent < 0 else args.indent
     if args.out:
-        from monai_vce.utils import atomic_write_json
-
         atomic_write_json(args.out, result, indent=indent)
     print(json.dumps(result, indent=indent))
     return 0

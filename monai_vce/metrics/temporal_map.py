@@ -3,7 +3,7 @@
 For each ground-truth video and each label, the ground-truth segments are the events that list the label,
 in file order, and the predicted segments likewise. Predictions are matched greedily in listed order: each
 takes the first still-unmatched ground-truth segment, in listed order, whose temporal IoU with it is at
-least the threshold, where frames count inclusively::
+least the tIoU threshold, where frames count inclusively::
 
     overlap = min(end_a, end_b) - max(start_a, start_b) + 1      (0 when negative)
     tIoU    = overlap / (len_a + len_b - overlap),   len = end - start + 1
@@ -28,14 +28,15 @@ per-pair Python implementation of the same rules, kept as the reference for test
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from monai_vce.events.validation import DEFAULT_MAX_EVENTS, check_events, load_events
 from monai_vce.labels import LABELS
-
-from .validation import DEFAULT_MAX_EVENTS, check_events, load_events
+from monai_vce.utils import renamed_arguments
 
 __all__ = [
     "segment_tiou",
@@ -43,7 +44,7 @@ __all__ = [
     "video_average_precision",
     "temporal_map",
     "temporal_map_reference",
-    "threshold_key",
+    "tiou_key",
 ]
 
 EventJSON = Mapping[str, Any]
@@ -51,16 +52,27 @@ EventJSON = Mapping[str, Any]
 _PAIR_BLOCK = 1 << 22
 
 
-def threshold_key(threshold: float) -> str:
+def tiou_key(tiou_threshold: float) -> str:
     """The text form of a tIoU threshold used in result keys: ``0.5 -> "0.5"`` (``mAP@0.5``)."""
-    return f"{threshold:g}"
+    return f"{tiou_threshold:g}"
 
 
-def _check_thresholds(thresholds: float | Sequence[float]) -> tuple[float, ...]:
-    if isinstance(thresholds, (int, float)):
-        thresholds = (thresholds,)
+def __getattr__(name: str) -> Any:
+    if name == "threshold_key":
+        warnings.warn(
+            "monai_vce.metrics.threshold_key is deprecated and will be removed in the next release; use tiou_key",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return tiou_key
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _check_tiou_thresholds(tiou_thresholds: float | Sequence[float]) -> tuple[float, ...]:
+    if isinstance(tiou_thresholds, (int, float)):
+        tiou_thresholds = (tiou_thresholds,)
     out: list[float] = []
-    for t in thresholds:
+    for t in tiou_thresholds:
         if (
             isinstance(t, bool)
             or not isinstance(t, (int, float, np.floating, np.integer))
@@ -120,7 +132,7 @@ def _candidate_pairs(gt: np.ndarray, pred: np.ndarray, min_tiou: float) -> tuple
     # blocks of consecutive predictions with about _PAIR_BLOCK candidate pairs each (bounds memory)
     block = np.cumsum(counts) // _PAIR_BLOCK
     edges = np.concatenate(([0], np.flatnonzero(np.diff(block)) + 1, [len(pred)]))
-    for first, last in zip(edges[:-1].tolist(), edges[1:].tolist()):
+    for first, last in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=False):
         c = counts[first:last]
         total = int(c.sum())
         if total == 0:
@@ -159,7 +171,7 @@ def _greedy_tp(rows: np.ndarray, cols: np.ndarray, n_pred: int, n_gt: int) -> np
     free = np.ones(n_gt, dtype=bool)
     free[first_col[easy]] = False
     # the contested rest, sequentially in listed order; per row a vectorised first-free lookup
-    for s, e in zip(starts[~easy].tolist(), ends[~easy].tolist()):
+    for s, e in zip(starts[~easy].tolist(), ends[~easy].tolist(), strict=False):
         cand = cols[s:e]
         avail = free[cand]
         k = int(avail.argmax())
@@ -169,20 +181,21 @@ def _greedy_tp(rows: np.ndarray, cols: np.ndarray, n_pred: int, n_gt: int) -> np
     return tp
 
 
+@renamed_arguments(thresholds="tiou_thresholds")
 def average_precision(
-    gt: np.ndarray, pred: np.ndarray, thresholds: float | Sequence[float] = (0.5, 0.95)
+    gt: np.ndarray, pred: np.ndarray, tiou_thresholds: float | Sequence[float] = (0.5, 0.95)
 ) -> np.ndarray:
     """Challenge AP of one (video, label): segments in listed order, greedy first match.
 
     Args:
         gt: (G, 2) integer ``[start, end]`` ground-truth segments in listed order.
         pred: (P, 2) integer ``[start, end]`` predicted segments in listed order.
-        thresholds: tIoU thresholds.
+        tiou_thresholds: tIoU thresholds (formerly ``thresholds``).
 
     Returns:
-        (K,) float64 AP per threshold.
+        (K,) float64 AP per tIoU threshold.
     """
-    ths = _check_thresholds(thresholds)
+    ths = _check_tiou_thresholds(tiou_thresholds)
     gt = np.asarray(gt, dtype=np.int64).reshape(-1, 2)
     pred = np.asarray(pred, dtype=np.int64).reshape(-1, 2)
     return _average_precision(gt, pred, ths)
@@ -203,6 +216,7 @@ def _average_precision(gt: np.ndarray, pred: np.ndarray, ths: tuple[float, ...])
             # every pair qualifies (tIoU >= 0): prediction i takes ground truth i
             tp = np.arange(n_pred) < n_gt
         else:
+            assert pairs is not None  # computed above whenever a tIoU threshold is positive
             rows, cols, vals = pairs
             keep = vals >= t
             tp = _greedy_tp(rows[keep], cols[keep], n_pred, n_gt)
@@ -230,33 +244,35 @@ def _segments_by_label(events: Sequence[Mapping[str, Any]], index: Mapping[str, 
                 starts[i].append(s)
                 ends[i].append(t)
     return [
-        np.stack([np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)], axis=1) for a, b in zip(starts, ends)
+        np.stack([np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)], axis=1)
+        for a, b in zip(starts, ends, strict=False)
     ]
 
 
+@renamed_arguments(thresholds="tiou_thresholds")
 def video_average_precision(
     gt_events: Sequence[Mapping[str, Any]],
     pred_events: Sequence[Mapping[str, Any]],
-    thresholds: float | Sequence[float] = (0.5, 0.95),
+    tiou_thresholds: float | Sequence[float] = (0.5, 0.95),
     labels: Sequence[str] = LABELS,
 ) -> np.ndarray:
-    """Challenge AP of one video for every label and threshold.
+    """Challenge AP of one video for every label and tIoU threshold.
 
     Args:
         gt_events: the video's ground-truth events (``start``, ``end``, ``label`` list), in listed order.
         pred_events: the video's predicted events, in listed order (extra keys such as ``score`` are ignored).
-        thresholds: tIoU thresholds.
+        tiou_thresholds: tIoU thresholds (formerly ``thresholds``).
         labels: the labels to score.
 
     Returns:
-        (L, K) float64 AP; the video's mAP at threshold k is ``ap[:, k].mean()``.
+        (L, K) float64 AP; the video's mAP at tIoU threshold k is ``ap[:, k].mean()``.
     """
-    ths = _check_thresholds(thresholds)
+    ths = _check_tiou_thresholds(tiou_thresholds)
     labels = _check_labels(labels)
     index = {name: i for i, name in enumerate(labels)}
     gt_segs = _segments_by_label(gt_events, index, len(labels))
     pred_segs = _segments_by_label(pred_events, index, len(labels))
-    return np.stack([_average_precision(g, p, ths) for g, p in zip(gt_segs, pred_segs)])
+    return np.stack([_average_precision(g, p, ths) for g, p in zip(gt_segs, pred_segs, strict=False)])
 
 
 def _as_event_json(obj: EventJSON | str | os.PathLike, role: str, validate: bool) -> tuple[EventJSON, str]:
@@ -283,11 +299,11 @@ def _assemble(
     extra: list[str],
     missing: list[str],
 ) -> dict[str, Any]:
-    keys = [threshold_key(t) for t in ths]
+    keys = [tiou_key(t) for t in ths]
     stack = np.stack(aps) if aps else np.zeros((0, len(labels), len(ths)))  # (V, L, K)
     video_map = stack.mean(axis=1)  # (V, K)
     result: dict[str, Any] = {f"mAP@{k}": float(video_map[:, i].mean()) for i, k in enumerate(keys)}
-    result["thresholds"] = list(ths)
+    result["tiou_thresholds"] = list(ths)
     result["num_videos"] = len(vids)
     result["per_label"] = {
         name: {k: float(stack[:, j, i].mean()) for i, k in enumerate(keys)} for j, name in enumerate(labels)
@@ -304,10 +320,11 @@ def _assemble(
     return result
 
 
+@renamed_arguments(thresholds="tiou_thresholds")
 def temporal_map(
     gt: EventJSON | str | os.PathLike,
     pred: EventJSON | str | os.PathLike,
-    thresholds: float | Sequence[float] = (0.5, 0.95),
+    tiou_thresholds: float | Sequence[float] = (0.5, 0.95),
     labels: Sequence[str] = LABELS,
     validate: bool = True,
 ) -> dict[str, Any]:
@@ -320,21 +337,21 @@ def temporal_map(
     Args:
         gt: ground-truth event JSON (dict) or the path of its file.
         pred: predicted event JSON (dict) or the path of its file. Extra event keys (``score``) are ignored.
-        thresholds: tIoU thresholds in [0, 1].
+        tiou_thresholds: tIoU thresholds in [0, 1] (formerly ``thresholds``).
         labels: labels averaged in each video's mAP (the 17 :data:`~monai_vce.labels.LABELS` by default).
         validate: check both inputs with :func:`~monai_vce.metrics.check_events` first (extra event keys
             tolerated); turn off only for inputs known to be valid (e.g. in a tuning loop).
 
     Returns:
-        ``{"mAP@0.5": float, "mAP@0.95": float, "thresholds": [...], "num_videos": int,
+        ``{"mAP@0.5": float, "mAP@0.95": float, "tiou_thresholds": [...], "num_videos": int,
         "per_label": {label: {"0.5": mean AP over videos, ...}},
         "per_video": {video_id: {"mAP@0.5": .., "mAP@0.95": .., "AP": {label: {"0.5": .., "0.95": ..}}}},
-        "missing_pred_videos": [...], "extra_pred_videos": [...]}``; one ``mAP@{t:g}`` key per threshold.
+        "missing_pred_videos": [...], "extra_pred_videos": [...]}``; one ``mAP@{t:g}`` key per tIoU threshold.
 
     Raises:
-        ValueError: invalid inputs, thresholds or labels, or a ground truth without videos.
+        ValueError: invalid inputs, tIoU thresholds or labels, or a ground truth without videos.
     """
-    ths = _check_thresholds(thresholds)
+    ths = _check_tiou_thresholds(tiou_thresholds)
     labels = _check_labels(labels)
     gt_obj, gt_name = _as_event_json(gt, "ground truth", validate)
     pred_obj, _ = _as_event_json(pred, "prediction", validate)
@@ -346,7 +363,7 @@ def temporal_map(
     for vid, gt_events in gt_videos.items():
         gt_segs = _segments_by_label(gt_events, index, len(labels))
         pred_segs = _segments_by_label(pred_videos.get(vid, ()), index, len(labels))
-        aps.append(np.stack([_average_precision(g, p, ths) for g, p in zip(gt_segs, pred_segs)]))
+        aps.append(np.stack([_average_precision(g, p, ths) for g, p in zip(gt_segs, pred_segs, strict=False)]))
         vids.append(vid)
     extra = [v for v in pred_videos if v not in gt_videos]
     missing = [v for v in gt_videos if v not in pred_videos]
@@ -359,7 +376,7 @@ def _tiou_reference(a: tuple[int, int], b: tuple[int, int]) -> float:
     return inter / union
 
 
-def _ap_reference(gt: list[tuple[int, int]], pred: list[tuple[int, int]], threshold: float) -> float:
+def _ap_reference(gt: list[tuple[int, int]], pred: list[tuple[int, int]], tiou_threshold: float) -> float:
     if not gt:
         return 0.0 if pred else 1.0
     matched = [False] * len(gt)
@@ -367,7 +384,7 @@ def _ap_reference(gt: list[tuple[int, int]], pred: list[tuple[int, int]], thresh
     for p in pred:
         hit = 0
         for j, g in enumerate(gt):
-            if not matched[j] and _tiou_reference(p, g) >= threshold:
+            if not matched[j] and _tiou_reference(p, g) >= tiou_threshold:
                 matched[j] = True
                 hit = 1
                 break
@@ -381,10 +398,11 @@ def _ap_reference(gt: list[tuple[int, int]], pred: list[tuple[int, int]], thresh
     return ap
 
 
+@renamed_arguments(thresholds="tiou_thresholds")
 def temporal_map_reference(
     gt: EventJSON | str | os.PathLike,
     pred: EventJSON | str | os.PathLike,
-    thresholds: float | Sequence[float] = (0.5, 0.95),
+    tiou_thresholds: float | Sequence[float] = (0.5, 0.95),
     labels: Sequence[str] = LABELS,
     validate: bool = True,
 ) -> dict[str, Any]:
@@ -393,7 +411,7 @@ def temporal_map_reference(
     Same arguments, rules and result as :func:`temporal_map`; it exists to check the vectorised version in
     tests and to measure its speed-up. Its cost is O(P x G) Python steps per (video, label).
     """
-    ths = _check_thresholds(thresholds)
+    ths = _check_tiou_thresholds(tiou_thresholds)
     labels = _check_labels(labels)
     gt_obj, gt_name = _as_event_json(gt, "ground truth", validate)
     pred_obj, _ = _as_event_json(pred, "prediction", validate)

@@ -1,4 +1,5 @@
-"""Networks: BiomedCLIP's image tower with differential attention, classifier heads and backbone loading.
+"""Networks: BiomedCLIP's image tower with differential attention, classifier heads, backbone loading and the
+label-prompt text embeddings.
 
 Importing this package registers the tiny test model (:data:`TINY_MODEL_NAME`) with timm and open_clip, in memory.
 """
@@ -29,6 +30,7 @@ from .diff_attention import (
     resolve_lambda_init,
 )
 from .heads import SEGatedClassifierHead, TextContrastiveHead
+from .text_embeddings import compute_text_embeddings, load_text_embeddings, save_text_embeddings
 
 __all__ = [
     "BIOMEDCLIP_HUB_ID",
@@ -53,4 +55,7 @@ __all__ = [
     "resolve_lambda_init",
     "SEGatedClassifierHead",
     "TextContrastiveHead",
+    "compute_text_embeddings",
+    "load_text_embeddings",
+    "save_text_embeddings",
 ]

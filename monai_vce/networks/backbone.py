@@ -32,7 +32,7 @@ import os
 from copy import deepcopy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import open_clip
 import timm
@@ -54,6 +54,7 @@ __all__ = [
     "BackboneSource",
     "ImageTower",
     "resolve_backbone",
+    "check_backbone",
     "build_image_tower",
     "load_visual_weights",
     "create_tiny_open_clip",
@@ -335,9 +336,10 @@ def resolve_backbone(backbone: str, model_name: str | None = None, pretrained: b
                     Path(str(model_name)[len("local-dir:") :]).expanduser() / "open_clip_config.json"
                 )
             else:
-                cfg = _named_config(str(model_name))
-                if cfg is None:
+                named = _named_config(str(model_name))
+                if named is None:
                     raise ValueError(f"unknown model_name {model_name!r} for checkpoint {path}")
+                cfg = named
             name = str(model_name)
         elif (path.parent / "open_clip_config.json").is_file():
             cfg = _read_config_file(path.parent / "open_clip_config.json")
@@ -347,14 +349,14 @@ def resolve_backbone(backbone: str, model_name: str | None = None, pretrained: b
         checkpoint = path if pretrained is not False and explicit_ckpt is None else explicit_ckpt
         return BackboneSource(spec, cfg["model_cfg"], cfg["preprocess_cfg"], checkpoint, name)
 
-    cfg = _named_config(spec)
-    if cfg is not None:
+    named = _named_config(spec)
+    if named is not None:
         if want_weights:
             raise ValueError(
                 f"backbone {spec!r} is a model name without weights: pass pretrained=False for random weights, "
                 "pretrained='/path/to/checkpoint' for a file, or use a 'hf-hub:' id or 'local-dir:' folder"
             )
-        return BackboneSource(spec, cfg["model_cfg"], cfg["preprocess_cfg"], explicit_ckpt, spec)
+        return BackboneSource(spec, named["model_cfg"], named["preprocess_cfg"], explicit_ckpt, spec)
 
     if path.suffix in CHECKPOINT_SUFFIXES or os.sep in spec:
         raise FileNotFoundError(f"backbone checkpoint file not found: {path}")
@@ -464,8 +466,12 @@ def build_image_tower(
             raise ValueError(f"the image tower of {backbone!r} cannot change its input size from {size}")
         visual.set_input_size(int(image_size))
         size = (int(image_size), int(image_size))
-    mean = tuple(float(m) for m in source.preprocess_cfg.get("mean", OPENAI_DATASET_MEAN))
-    std = tuple(float(s) for s in source.preprocess_cfg.get("std", OPENAI_DATASET_STD))
+    mean = cast(
+        tuple[float, float, float], tuple(float(m) for m in source.preprocess_cfg.get("mean", OPENAI_DATASET_MEAN))
+    )
+    std = cast(
+        tuple[float, float, float], tuple(float(s) for s in source.preprocess_cfg.get("std", OPENAI_DATASET_STD))
+    )
     return ImageTower(visual, int(model_cfg["embed_dim"]), size, mean, std, logit_scale, source)
 
 
@@ -522,3 +528,27 @@ def save_tiny_local_dir(
     save_tiny_checkpoint(folder / name, seed=seed, model=model)
     atomic_write_json(folder / "open_clip_config.json", deepcopy(TINY_CONFIG))
     return folder
+
+
+def check_backbone(backbone: str, pretrained: bool | str = True) -> str:
+    """Resolve the backbone before anything is built, with a bundle-specific message when it is unavailable.
+
+    A hub backbone (BiomedCLIP by default) is downloaded and cached here. When neither the hub nor the cache
+    has it, the error says how to pass local weights on the bundle command line, or how to run the demo.
+
+    Returns:
+        ``backbone`` unchanged.
+
+    Raises:
+        RuntimeError: the backbone cannot be loaded (the message lists the alternatives).
+    """
+    try:
+        resolve_backbone(backbone, pretrained=pretrained)
+    except BackboneUnavailableError as e:
+        raise RuntimeError(
+            f"{e}\nWith the bundle: pass a local copy on the command line, e.g. "
+            f"--backbone local-dir:/path/to/BiomedCLIP (a folder with open_clip_config.json and "
+            f"open_clip_pytorch_model.bin) or --backbone /path/to/open_clip_pytorch_model.bin; or run the offline "
+            f"demo, python -m monai_vce.demo (configs train.json + demo.json)."
+        ) from None
+    return backbone

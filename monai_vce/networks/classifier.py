@@ -8,7 +8,7 @@ import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -24,6 +24,7 @@ from .diff_attention import (
     resolve_variant,
 )
 from .heads import DEFAULT_LOGIT_SCALE, SEGatedClassifierHead, TextContrastiveHead
+from .text_embeddings import load_text_embeddings
 
 __all__ = ["DiffAttnCLIPClassifier", "FUSION_MODES"]
 
@@ -116,7 +117,7 @@ class DiffAttnCLIPClassifier(nn.Module):
             when present, else log(1 / 0.07).
     """
 
-    __jit_unused_properties__: ClassVar[list[str]] = ["num_layers"]
+    __jit_unused_properties__ = ["num_layers"]  # noqa: RUF012  (TorchScript reads it as a plain class attribute)
 
     def __init__(
         self,
@@ -252,8 +253,6 @@ class DiffAttnCLIPClassifier(nn.Module):
         return computed
 
     def _load_text_embeddings(self, text_embeddings: str | os.PathLike | torch.Tensor) -> torch.Tensor:
-        from monai_vce.text_embeddings import load_text_embeddings
-
         if isinstance(text_embeddings, torch.Tensor):
             if tuple(text_embeddings.shape) != (self.num_classes, self.embed_dim):
                 raise ValueError(
@@ -361,7 +360,7 @@ class DiffAttnCLIPClassifier(nn.Module):
         if not self.diff_blocks:
             return {}
         blocks = find_vit_blocks(self.visual)
-        return {i: float(blocks[i].attn.lambda_value().detach()) for i in self.diff_blocks}
+        return {i: float(cast(DifferentialAttention, blocks[i].attn).lambda_value().detach()) for i in self.diff_blocks}
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Image features (B, embed_dim) of float RGB images in [0, 1] (B, 3, H, W)."""

@@ -255,7 +255,7 @@ class DifferentialAttention(DiffAttention):
         self.lambda_init_schedule = default_lambda_init if lambda_init is None else lambda_init
         self.use_sub_norm = bool(default_sub_norm if sub_norm is None else sub_norm) and not self.preserving
         if not self.use_sub_norm:
-            self.sub_norm = nn.Identity()
+            self.sub_norm = nn.Identity()  # type: ignore[assignment]  # timm declares an RmsNorm
         self.set_lambda_init(depth)
         self.reset_parameters()
 
@@ -273,8 +273,8 @@ class DifferentialAttention(DiffAttention):
         super().reset_parameters()
         if getattr(self, "preserving", False):
             with torch.no_grad():
-                self.lambda_q2.copy_(self.lambda_q1)
-                self.lambda_k2.copy_(self.lambda_k1)
+                self.lambda_q2.copy_(self.lambda_q1)  # type: ignore[union-attr,arg-type]  # set by timm
+                self.lambda_k2.copy_(self.lambda_k1)  # type: ignore[union-attr,arg-type]
 
     @classmethod
     def from_attention(
@@ -336,7 +336,7 @@ class DifferentialAttention(DiffAttention):
         )
         for name in ("qkv", "proj", "q_norm", "k_norm", "norm", "attn_drop", "proj_drop"):
             setattr(new, name, getattr(attn, name))
-        new.fused_attn = attn.fused_attn
+        new.fused_attn = attn.fused_attn  # type: ignore[misc]  # Final in timm; copied from the converted block
         new.train(attn.training)
         return new
 
@@ -557,7 +557,12 @@ def convert_to_diff_attention(
         attn = getattr(block, "attn", None)
         try:
             block.attn = DifferentialAttention.from_attention(
-                attn, depth=i, variant=variant, lambda_init=lambda_init, sub_norm=sub_norm, attn_impl=attn_impl
+                attn,  # type: ignore[arg-type]  # None (a block without attention) raises TypeError below
+                depth=i,
+                variant=variant,
+                lambda_init=lambda_init,
+                sub_norm=sub_norm,
+                attn_impl=attn_impl,
             )
         except (TypeError, ValueError) as err:
             raise type(err)(f"cannot convert the attention of block {i}: {err}") from err

@@ -1,12 +1,31 @@
-"""Temporal decoding: per-frame probabilities -> events of the RARE-VISION event JSON."""
+"""Temporal decoding: per-frame probabilities -> events of the RARE-VISION event JSON.
+
+Module map: :mod:`.steps` (how a decoding step and its parameters are defined), :mod:`.chain` (the per-label
+chain and its step registry), :mod:`.anatomy` (Viterbi section decoding), :mod:`.gating` (presence rules),
+:mod:`.core` (the kernels shared by the decoder and its tuning), :mod:`.params` (the parameters),
+:mod:`.decoder` (the decoder), :mod:`.tuning` (fitting the parameters), :mod:`.thresholds` (F1 thresholds),
+:mod:`.simulate` (simulated probabilities for benchmarks).
+"""
 
 from __future__ import annotations
 
-# event composition and event JSON I/O
-from monai_vce.metrics.validation import check_events, load_events, save_events, validate_events
+# event composition and event JSON I/O (their home is monai_vce.events; re-exported for existing code)
+from monai_vce.events import (
+    COMPOSITIONS,
+    check_events,
+    event_json,
+    events_to_frames,
+    frames_to_events,
+    load_events,
+    save_events,
+    to_challenge_format,
+    validate_events,
+)
 
 # decoding: the paper's chain, presence gating, anatomy decoding, the decoder and its tuning
 from .anatomy import (
+    ANATOMY_PARAMS,
+    DEFAULT_ANATOMY_GRID,
     LEAD_IN,
     decode_sections,
     landmark_windows,
@@ -16,6 +35,7 @@ from .anatomy import (
     viterbi_sections,
 )
 from .chain import (
+    CHAIN_STEPS,
     PAPER_ORDER,
     PAPER_PARAMS,
     apply_chain,
@@ -23,14 +43,23 @@ from .chain import (
     median_mask,
     median_probs,
     remove_short_runs,
+    run_chain,
     threshold_mask,
 )
-from .decoder import DecoderParams, EventDecoder, decode_videos, event_confidence
-from .events import COMPOSITIONS, event_json, events_to_frames, frames_to_events, to_challenge_format
-from .gating import apply_presence_rules, cross_validate_presence, fit_presence_rule, presence_features, video_folds
+from .decoder import EventDecoder, decode_videos, event_confidence, load_decoder
+from .gating import (
+    apply_presence_rules,
+    column_presence,
+    cross_validate_presence,
+    fit_presence_rule,
+    presence_features,
+    video_folds,
+)
+from .params import DecoderParams, decoder_params_schema
 from .simulate import NOISE_LEVELS, simulate_probabilities
+from .steps import MAX_FRAMES, ChainStep, Param
 from .thresholds import f1_at_thresholds, load_thresholds, optimize_thresholds, save_thresholds
-from .tuning import DEFAULT_ANATOMY_GRID, tune_decoder
+from .tuning import DEFAULT_GRIDS, tune_decoder
 
 __all__ = [
     # event composition and event JSON I/O
@@ -43,9 +72,16 @@ __all__ = [
     "save_events",
     "validate_events",
     "check_events",
+    # decoding steps and their parameters
+    "Param",
+    "ChainStep",
+    "MAX_FRAMES",
+    "CHAIN_STEPS",
+    "ANATOMY_PARAMS",
     # decoding
     "PAPER_ORDER",
     "PAPER_PARAMS",
+    "run_chain",
     "apply_chain",
     "threshold_mask",
     "median_probs",
@@ -53,6 +89,7 @@ __all__ = [
     "fill_gaps",
     "remove_short_runs",
     "presence_features",
+    "column_presence",
     "apply_presence_rules",
     "fit_presence_rule",
     "cross_validate_presence",
@@ -65,10 +102,13 @@ __all__ = [
     "landmark_windows",
     "section_gate",
     "DecoderParams",
+    "decoder_params_schema",
     "EventDecoder",
     "event_confidence",
     "decode_videos",
+    "load_decoder",
     "DEFAULT_ANATOMY_GRID",
+    "DEFAULT_GRIDS",
     "tune_decoder",
     "optimize_thresholds",
     "f1_at_thresholds",

@@ -40,8 +40,12 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..labels import LANDMARK_BOUNDARIES, SECTIONS
+from .steps import MAX_COST, MAX_FRAMES, Param
 
 __all__ = [
+    "ANATOMY_PARAMS",
+    "LANDMARK_WINDOW",
+    "DEFAULT_ANATOMY_GRID",
     "LEAD_IN",
     "section_log_emissions",
     "transition_scores",
@@ -53,6 +57,30 @@ __all__ = [
 
 #: Section index of frames decoded as lead-in (before the first section).
 LEAD_IN = -1
+
+#: The anatomy decoding step's parameters (the ``"anatomy"`` object of the decoder parameters, besides
+#: ``landmark_window`` and ``pathology_sections``), in the order they are written.
+ANATOMY_PARAMS: dict[str, Param] = {
+    p.name: p
+    for p in (
+        Param("enabled", "boolean", False, doc="replace the section columns by the Viterbi decode"),
+        Param("emission_weight", "number", 0.1, 0.0, 1e3, doc="weight of the section logits"),
+        Param("switch_cost", "number", 20.0, 0.0, MAX_COST, doc="cost of moving to the next section"),
+        Param("skip_cost", "number", 20.0, 0.0, MAX_COST, doc="extra cost per section skipped"),
+        Param("backward_cost", "number", 60.0, 0.0, MAX_COST, doc="cost per section moved backward"),
+        Param("entry_cost", "number", None, 0.0, MAX_COST, nullable=True, doc="cost of leaving the lead-in"),
+        Param("gate_landmarks", "boolean", True, doc="keep landmarks only near a decoded boundary crossing"),
+    )
+}
+#: Frames allowed on each side of a decoded transition for a landmark (one value per landmark).
+LANDMARK_WINDOW = Param("landmark_window", "integer", 100, 0, MAX_FRAMES)
+
+#: Candidate Viterbi settings the decoder's tuning compares by the sections' validation AP (lower transition
+#: costs follow the sections more closely; the lead-in keeps unannotated first frames out of events).
+DEFAULT_ANATOMY_GRID: tuple[dict[str, float], ...] = tuple(
+    {"emission_weight": 0.1, "switch_cost": c, "skip_cost": c, "backward_cost": 3.0 * c, "entry_cost": 0.0}
+    for c in (1.25, 2.5, 5.0, 10.0)
+)
 
 _NEG = -1e30  # "impossible" in the max-plus algebra, finite so that sums never produce NaN
 _EPS = 1e-6

@@ -22,14 +22,23 @@ each with one parameter per class:
 :data:`PAPER_ORDER` is the paper's order. The paper's public code differs in the order of the last steps,
 so the order is a parameter: any permutation of a subset of the step names that contains ``"threshold"``.
 Run-length steps use one pass over the run boundaries of all classes at once (no loop over frames).
+
+:data:`CHAIN_STEPS` is the registry of the steps: each :class:`~monai_vce.postprocessing.steps.ChainStep` holds
+its per-label parameter (type, default, bounds, tuning grid) and its kernel. The decoder's parameter schema and
+defaults, :func:`run_chain` and the tuner's search all derive from it; a new step is one entry here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from scipy.ndimage import median_filter
+
+from monai_vce.events.runs import run_bounds
+
+from .steps import MAX_FRAMES, ChainStep, Param
 
 __all__ = [
     "CHAIN_STEPS",
@@ -41,19 +50,15 @@ __all__ = [
     "median_mask",
     "fill_gaps",
     "remove_short_runs",
+    "run_chain",
     "apply_chain",
     "run_bounds",
 ]
 
-#: Names of the steps :func:`apply_chain` understands.
-CHAIN_STEPS: tuple[str, ...] = ("median", "threshold", "fill_gaps", "min_length")
-#: The order in which the paper describes its chain.
-PAPER_ORDER: tuple[str, ...] = ("threshold", "median", "fill_gaps", "min_length")
-#: The paper's parameters, the same for every class.
-PAPER_PARAMS: dict[str, float | int] = {"threshold": 0.5, "median_window": 7, "max_gap": 5, "min_length": 3}
 
-
-def as_per_class(value: float | int | Sequence | np.ndarray, num_classes: int, name: str, dtype=float) -> np.ndarray:
+def as_per_class(
+    value: float | int | Sequence | np.ndarray, num_classes: int, name: str, dtype: Any = float
+) -> np.ndarray:
     """Broadcast a scalar or a per-class sequence to a ``(num_classes,)`` array, checking its length."""
     arr = np.asarray(value, dtype=dtype)
     if arr.ndim == 0:
@@ -104,7 +109,8 @@ def median_mask(mask: np.ndarray, windows: int | Sequence[int] | np.ndarray) -> 
     """Running median of a binary mask along time (a majority vote over an odd window per class).
 
     Equal to ``scipy.ndimage.median_filter(mask, size=(w, 1), mode="nearest")`` per class, computed with
-    one cumulative sum for all classes.
+    one cumulative sum for all classes. Windows longer than the video are counted, not padded: memory stays
+    ``O(T x C)`` whatever the window.
     """
     mask = _check_2d(mask, "mask").astype(bool)
     T, C = mask.shape
@@ -112,42 +118,36 @@ def median_mask(mask: np.ndarray, windows: int | Sequence[int] | np.ndarray) -> 
     if T == 0 or np.all(win <= 1):
         return mask.copy()
     half = win // 2
-    hmax = int(half.max())
-    # edge mode "nearest": repeat the first / last frame
-    padded = np.concatenate([np.repeat(mask[:1], hmax, 0), mask, np.repeat(mask[-1:], hmax, 0)], axis=0)
-    csum = np.zeros((T + 2 * hmax + 1, C), dtype=np.int32)
-    np.cumsum(padded, axis=0, out=csum[1:])
     out = np.empty((T, C), dtype=bool)
-    for w in np.unique(win):
-        cols = np.flatnonzero(win == w)
-        h = int(w) // 2
-        # window sum over frames t-h..t+h = csum[t+hmax+h+1] - csum[t+hmax-h]
-        hi = csum[hmax + h + 1 : hmax + h + 1 + T, cols]
-        lo = csum[hmax - h : hmax - h + T, cols]
-        out[:, cols] = (hi - lo) > h
+    short = half < T
+    if short.any():
+        hmax = int(half[short].max())
+        # edge mode "nearest": repeat the first / last frame
+        padded = np.concatenate([np.repeat(mask[:1], hmax, 0), mask, np.repeat(mask[-1:], hmax, 0)], axis=0)
+        csum = np.zeros((T + 2 * hmax + 1, C), dtype=np.int32)
+        np.cumsum(padded, axis=0, out=csum[1:])
+        for w in np.unique(win[short]):
+            cols = np.flatnonzero(win == w)
+            h = int(w) // 2
+            # window sum over frames t-h..t+h = csum[t+hmax+h+1] - csum[t+hmax-h]
+            hi = csum[hmax + h + 1 : hmax + h + 1 + T, cols]
+            lo = csum[hmax - h : hmax - h + T, cols]
+            out[:, cols] = (hi - lo) > h
+    if not short.all():
+        # a window reaching past both ends at every frame: the whole video plus h - t copies of the first frame
+        # and h - (T - 1 - t) copies of the last
+        t = np.arange(T, dtype=np.int64)[:, None]
+        total = mask.sum(axis=0, dtype=np.int64)
+        first, last = mask[0].astype(np.int64), mask[-1].astype(np.int64)
+        for w in np.unique(win[~short]):
+            cols = np.flatnonzero(win == w)
+            h = int(w) // 2
+            votes = total[cols] + (h - t) * first[cols] + (h - (T - 1) + t) * last[cols]
+            out[:, cols] = votes > h
     keep = win <= 1
     if keep.any():
         out[:, keep] = mask[:, keep]
     return out
-
-
-def run_bounds(mask: np.ndarray, value: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Return the runs of ``value`` in every column of a ``(T, C)`` mask.
-
-    Returns:
-        ``(cls, start, stop)``: class index, first frame and one-past-last frame of each run, ordered by
-        class then time.
-    """
-    mask = _check_2d(mask, "mask").astype(bool)
-    T, C = mask.shape
-    m = mask if value else ~mask
-    # pad one False frame on both sides of each class so that every run has a rising and a falling edge
-    padded = np.zeros((C, T + 2), dtype=np.int8)
-    padded[:, 1:-1] = m.T
-    d = np.diff(padded, axis=1)
-    cls_s, start = np.nonzero(d == 1)
-    _, stop = np.nonzero(d == -1)
-    return cls_s, start, stop
 
 
 def _set_runs(mask: np.ndarray, cls: np.ndarray, start: np.ndarray, stop: np.ndarray, value: bool) -> np.ndarray:
@@ -181,13 +181,56 @@ def fill_gaps(mask: np.ndarray, max_gaps: int | Sequence[int] | np.ndarray) -> n
 def remove_short_runs(mask: np.ndarray, min_lengths: int | Sequence[int] | np.ndarray) -> np.ndarray:
     """Deactivate active runs shorter than ``min_lengths[c]`` frames."""
     mask = _check_2d(mask, "mask").astype(bool)
-    T, C = mask.shape
+    C = mask.shape[1]
     lens = as_per_class(min_lengths, C, "min lengths", dtype=np.int64)
     if np.any(lens < 0):
         raise ValueError(f"min lengths must be >= 0, got {lens.tolist()}")
     cls, start, stop = run_bounds(mask, value=True)
     sel = (stop - start) < lens[cls]
     return _set_runs(mask, cls[sel], start[sel], stop[sel], False)
+
+
+def _median(x: np.ndarray, windows: np.ndarray) -> np.ndarray:
+    # after "threshold" the median filters the binary mask, before it the probabilities
+    return median_mask(x, windows) if x.dtype == bool else median_probs(x, windows)
+
+
+#: The registry of chain steps, in the paper's order (which is also the tuner's order of search).
+CHAIN_STEPS: dict[str, ChainStep] = {
+    step.name: step
+    for step in (
+        ChainStep(
+            "threshold",
+            Param("threshold", "number", 0.5, 0.0, 1.0, grid=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)),
+            threshold_mask,
+            doc="p >= threshold",
+        ),
+        ChainStep(
+            "median",
+            Param("median_window", "odd_integer", 7, 1, MAX_FRAMES, grid=(1, 5, 9, 15, 25, 51)),
+            _median,
+            doc="running median over an odd window (1: off)",
+        ),
+        ChainStep(
+            "fill_gaps",
+            Param("max_gap", "integer", 5, 0, MAX_FRAMES, grid=(0, 2, 5, 10, 20, 50)),
+            lambda x, v: fill_gaps(x, v),
+            needs_mask=True,
+            doc="inactive runs of at most max_gap frames between active runs become active (0: off)",
+        ),
+        ChainStep(
+            "min_length",
+            Param("min_length", "integer", 3, 0, MAX_FRAMES, grid=(0, 3, 5, 10, 20, 50)),
+            lambda x, v: remove_short_runs(x, v),
+            needs_mask=True,
+            doc="active runs shorter than min_length frames are removed (0 or 1: off)",
+        ),
+    )
+}
+#: The order in which the paper describes its chain.
+PAPER_ORDER: tuple[str, ...] = ("threshold", "median", "fill_gaps", "min_length")
+#: The paper's parameters, the same for every class (the defaults of :data:`CHAIN_STEPS`).
+PAPER_PARAMS: dict[str, float | int] = {step.param.name: step.param.default for step in CHAIN_STEPS.values()}
 
 
 def _check_order(order: Sequence[str]) -> tuple[str, ...]:
@@ -202,6 +245,30 @@ def _check_order(order: Sequence[str]) -> tuple[str, ...]:
     return order
 
 
+def run_chain(probs: np.ndarray, values: Mapping[str, Any], order: Sequence[str] = PAPER_ORDER) -> np.ndarray:
+    """Run the chain on ``(T, C)`` probabilities and return the ``(T, C)`` boolean activity mask.
+
+    Args:
+        probs: per-frame probabilities, frames along axis 0.
+        values: per-class values of each step's parameter, keyed by parameter name (``"threshold"``,
+            ``"median_window"``, ...; see :data:`CHAIN_STEPS`): a scalar for all classes or one per class. A step
+            whose parameter is missing takes its default.
+        order: the steps to run, in order (see the module docstring); a step left out is skipped.
+    """
+    probs = _check_2d(probs, "probs")
+    order = _check_order(order)
+    C = probs.shape[1]
+    x: np.ndarray = probs
+    for name in order:
+        step = CHAIN_STEPS[name]
+        if step.needs_mask and x.dtype != bool:
+            raise ValueError(f"{name!r} needs a binary mask: put it after 'threshold' in the order")
+        param = step.param
+        per_class = as_per_class(values.get(param.name, param.default), C, param.name, dtype=param.dtype)
+        x = step.kernel(x, per_class)
+    return x
+
+
 def apply_chain(
     probs: np.ndarray,
     thresholds: float | Sequence[float] | np.ndarray = 0.5,
@@ -210,7 +277,7 @@ def apply_chain(
     min_lengths: int | Sequence[int] | np.ndarray = 3,
     order: Sequence[str] = PAPER_ORDER,
 ) -> np.ndarray:
-    """Run the chain on ``(T, C)`` probabilities and return the ``(T, C)`` boolean activity mask.
+    """Run the paper's four steps on ``(T, C)`` probabilities (:func:`run_chain` with named parameters).
 
     Args:
         probs: per-frame probabilities, frames along axis 0.
@@ -220,23 +287,5 @@ def apply_chain(
         min_lengths: shortest run kept per class (``0``/``1`` disable).
         order: the steps to run, in order (see the module docstring); a step left out is skipped.
     """
-    probs = _check_2d(probs, "probs")
-    order = _check_order(order)
-    C = probs.shape[1]
-    x: np.ndarray = probs
-    binary = False
-    for step in order:
-        if step == "threshold":
-            x = threshold_mask(x, thresholds)
-            binary = True
-        elif step == "median":
-            x = median_mask(x, median_windows) if binary else median_probs(x, median_windows)
-        elif step == "fill_gaps":
-            if not binary:
-                raise ValueError("'fill_gaps' needs a binary mask: put it after 'threshold' in the order")
-            x = fill_gaps(x, as_per_class(max_gaps, C, "max gaps", dtype=np.int64))
-        elif step == "min_length":
-            if not binary:
-                raise ValueError("'min_length' needs a binary mask: put it after 'threshold' in the order")
-            x = remove_short_runs(x, as_per_class(min_lengths, C, "min lengths", dtype=np.int64))
-    return x
+    values = {"threshold": thresholds, "median_window": median_windows, "max_gap": max_gaps, "min_length": min_lengths}
+    return run_chain(probs, values, order)

@@ -29,15 +29,19 @@ the empty submission for that label) on videos it did not see.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from .steps import MAX_FRAMES, Param
+
 __all__ = [
     "PRESENCE_FEATURES",
+    "PRESENCE_PARAMS",
     "DEFAULT_CANDIDATE_RULES",
     "presence_features",
+    "column_presence",
     "apply_presence_rules",
     "fit_presence_rule",
     "video_folds",
@@ -45,6 +49,17 @@ __all__ = [
 ]
 
 PRESENCE_FEATURES: tuple[str, ...] = ("none", "never", "peak", "quantile", "support")
+#: Features compared with a ``cutoff``.
+_CUTOFF_FEATURES: tuple[str, ...] = ("peak", "quantile", "support")
+#: The settings of a presence rule besides ``feature``.
+PRESENCE_PARAMS: dict[str, Param] = {
+    p.name: p
+    for p in (
+        Param("cutoff", "number", None, -1e9, 1e9, doc="the label is present when feature >= cutoff"),
+        Param("window", "integer", 1, 1, MAX_FRAMES, doc="frames averaged by the 'peak' feature"),
+        Param("q", "number", 0.99, 0.0, 1.0, doc="quantile of the 'quantile' feature"),
+    )
+}
 
 #: Feature settings tried by :func:`fit_presence_rule` (the cutoff is fitted for each).
 DEFAULT_CANDIDATE_RULES: tuple[dict[str, Any], ...] = (
@@ -69,7 +84,10 @@ def _moving_mean_max(probs: np.ndarray, window: int) -> np.ndarray:
 
 
 def presence_features(
-    probs: np.ndarray, mask: np.ndarray, rule: Mapping[str, Any], columns: Sequence[int] | None = None
+    probs: np.ndarray,
+    mask: np.ndarray | None,
+    rule: Mapping[str, Any],
+    columns: Sequence[int] | np.ndarray | None = None,
 ) -> np.ndarray:
     """Compute one rule's feature for some classes of a video.
 
@@ -96,34 +114,62 @@ def presence_features(
     if feature == "quantile":
         return np.quantile(p, float(rule.get("q", 0.99)), axis=0)
     if feature == "support":
+        if mask is None:
+            raise ValueError("the 'support' presence feature needs the decoded mask")
         return mask[:, cols].sum(axis=0).astype(np.float64)
     raise ValueError(f"unknown presence feature {feature!r}; expected one of {list(PRESENCE_FEATURES)}")
 
 
-def apply_presence_rules(probs: np.ndarray, mask: np.ndarray, rules: Sequence[Mapping[str, Any]]) -> np.ndarray:
-    """Return the ``(C,)`` boolean presence of each class of one video under per-class ``rules``.
+def column_presence(
+    probs: np.ndarray, mask: np.ndarray, labels: Sequence[int] | np.ndarray, rules: Sequence[Mapping[str, Any]]
+) -> np.ndarray:
+    """Presence of ``K`` decoded columns of one video, each under its own rule (the one presence kernel).
 
-    Classes sharing a rule setting are computed together.
+    Columns sharing a rule setting are computed together. ``"support"`` counts the active frames of the
+    column itself (the chain's mask after anatomy gating, i.e. the frames the label would be emitted on); the
+    other features read the column's label in ``probs``.
+
+    Args:
+        probs: ``(T, 17)`` probabilities.
+        mask: ``(T, K)`` decoded columns.
+        labels: ``(K,)`` the label (column of ``probs``) of each decoded column.
+        rules: ``K`` presence rules.
+
+    Returns:
+        ``(K,)`` booleans.
     """
-    C = probs.shape[1]
-    if len(rules) != C:
-        raise ValueError(f"expected {C} presence rules, got {len(rules)}")
-    present = np.ones(C, dtype=bool)
+    labels = np.asarray(labels, dtype=np.int64)
+    K = labels.size
+    if len(rules) != K or mask.shape[1] != K:
+        raise ValueError(f"expected {mask.shape[1]} presence rules and labels, got {len(rules)} and {K}")
+    present = np.ones(K, dtype=bool)
     groups: dict[tuple, list[int]] = {}
-    for c, rule in enumerate(rules):
+    for k, rule in enumerate(rules):
         feature = rule.get("feature", "none")
         if feature == "none":
             continue
         if feature == "never":
-            present[c] = False
+            present[k] = False
             continue
-        key = (rule["feature"], rule.get("window"), rule.get("q"))
-        groups.setdefault(key, []).append(c)
+        groups.setdefault((feature, rule.get("window"), rule.get("q")), []).append(k)
     for cols in groups.values():
-        f = presence_features(probs, mask, rules[cols[0]], cols)
+        rule = rules[cols[0]]
+        if rule["feature"] == "support":
+            f = presence_features(probs, mask, rule, cols)
+        else:
+            f = presence_features(probs, None, rule, labels[cols])
         cut = np.array([float(rules[c]["cutoff"]) for c in cols])
         present[cols] = f >= cut
     return present
+
+
+def apply_presence_rules(probs: np.ndarray, mask: np.ndarray, rules: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """Return the ``(C,)`` boolean presence of each class of one video under per-class ``rules``
+    (:func:`column_presence` of the columns of ``mask``, column ``c`` being label ``c``)."""
+    C = probs.shape[1]
+    if len(rules) != C:
+        raise ValueError(f"expected {C} presence rules, got {len(rules)}")
+    return column_presence(probs, mask, np.arange(C), rules)
 
 
 def fit_presence_rule(
@@ -158,8 +204,9 @@ def fit_presence_rule(
     else:
         best_rule, best = {"feature": "never"}, never
     base = max(never, none)
-    items = features.items() if isinstance(features, Mapping) else features
+    items: Iterable[tuple[Any, np.ndarray]] = features.items() if isinstance(features, Mapping) else features
     for settings, values in items:
+        settings = dict(settings) if isinstance(settings, Mapping) else {"feature": str(settings)}
         f = np.asarray(values, dtype=np.float64)
         order = np.argsort(f, kind="stable")
         fs = f[order]
@@ -223,7 +270,7 @@ def cross_validate_presence(
             :func:`fit_presence_rule` (``(V,)`` values each) and the ``(V, N)`` AP of the emitted label at
             each of ``N`` tIoU thresholds.
         absent: ``(V,)`` True where the video lacks the label.
-        weights: ``(N,)`` weight of each threshold in the fitting objective.
+        weights: ``(N,)`` weight of each tIoU threshold in the fitting objective.
         folds: ``(V,)`` fold index of each video (:func:`video_folds`).
         min_gain: passed to :func:`fit_presence_rule`.
 
@@ -251,6 +298,7 @@ def cross_validate_presence(
             rule, score = fit_presence_rule(sub, ap[train] @ w, absent[train], min_gain)
             if best is None or score > best[0] + 1e-12:
                 best = (score, c, rule)
+        assert best is not None  # at least one candidate
         _, c, rule = best
         feats, ap = candidates[c]
         present = _rule_present(rule, feats, test)

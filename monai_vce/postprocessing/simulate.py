@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 from scipy.signal import lfilter
 
+from ..events.runs import run_bounds
 from ..labels import LABELS
-from .chain import run_bounds
 
 __all__ = ["NOISE_LEVELS", "CLASS_MARGIN", "CLASS_BIAS", "simulate_probabilities"]
 

@@ -132,7 +132,7 @@ def _as_label_dict(thresholds: Any, labels: Sequence[str]) -> dict[str, float]:
         arr = np.asarray(thresholds, dtype=np.float64).reshape(-1)
         if arr.shape[0] != len(labels):
             raise ValueError(f"expected {len(labels)} thresholds in LABELS order, got {arr.shape[0]}")
-        values = dict(zip(labels, arr.tolist()))
+        values = dict(zip(labels, arr.tolist(), strict=False))
     return values
 
 

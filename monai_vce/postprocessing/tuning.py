@@ -20,77 +20,86 @@ the validation videos (:func:`monai_vce.metrics.temporal_map`), which is also re
 Before the coordinate ascent, the Viterbi settings are chosen from a coarse grid
 (:data:`DEFAULT_ANATOMY_GRID`) by the sections' validation AP.
 
+One decoder. The candidates are decoded, gated and ranked by the decoder's own kernels
+(:mod:`~monai_vce.postprocessing.core`, :mod:`monai_vce.events.composition`), on ``K`` candidate columns of one
+label at a time; the parameters searched and their grids are those of the step registry
+(:data:`~monai_vce.postprocessing.chain.CHAIN_STEPS`), so a new chain step is tuned without a change here.
+
 Emit or abstain. In-sample, a presence cutoff picked among many candidate decodings finds chance wins on a few
 dozen videos, and on new videos such a rule costs more (a label emitted in a video that lacks it scores 0)
 than it gains. So after each label's steps, the whole per-label fit (choice of candidate decoding and of its
 presence rule) is cross-validated over videos (:func:`~monai_vce.postprocessing.gating.cross_validate_presence`,
 ``presence_folds`` folds), and the label keeps its rule only when its out-of-fold mean AP, weighted over the
 tIoU thresholds, beats never emitting it by more than ``presence_cv_z`` standard errors of that mean gain, and no
-scored threshold loses by more than its own margin (a tie at one threshold does not veto a gain at another);
+scored tIoU threshold loses by more than its own margin (a tie at one tIoU threshold does not veto a gain at another);
 otherwise its rule becomes ``"never"``, what the empty submission does for that label. The out-of-fold gains and
-margins (per threshold and weighted) are recorded in ``params["fit"]["out_of_fold_gain"]``.
+margins (per tIoU threshold and weighted) are recorded in ``params["fit"]["out_of_fold_gain"]``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from ..events.composition import RANKINGS, confidence_order, label_codes, run_confidence
+from ..events.runs import run_bounds, run_spans
+from ..events.units import FrameUnits, as_frame_units
 from ..labels import LABELS, NUM_LABELS, SECTIONS
 from ..metrics.temporal_map import average_precision, temporal_map
-from .anatomy import landmark_windows, section_gate
-from .chain import apply_chain
-from .decoder import RANKINGS, DecoderParams, EventDecoder, check_probabilities, decode_videos
-from .gating import DEFAULT_CANDIDATE_RULES, cross_validate_presence, fit_presence_rule, presence_features, video_folds
-
-__all__ = ["DEFAULT_GRIDS", "DEFAULT_ANATOMY_GRID", "tune_decoder", "label_segments"]
-
-#: Candidate Viterbi settings compared by the sections' validation AP before the coordinate ascent (lower
-#: transition costs follow the sections more closely; the lead-in keeps unannotated first frames out of events).
-DEFAULT_ANATOMY_GRID: tuple[dict[str, float], ...] = tuple(
-    {"emission_weight": 0.1, "switch_cost": c, "skip_cost": c, "backward_cost": 3.0 * c, "entry_cost": 0.0}
-    for c in (1.25, 2.5, 5.0, 10.0)
+from ..utils import renamed_arguments
+from .anatomy import DEFAULT_ANATOMY_GRID
+from .chain import CHAIN_STEPS
+from .core import decode_columns, section_mask, section_sequence
+from .decoder import DecoderParams, EventDecoder, check_probabilities, decode_videos
+from .gating import (
+    DEFAULT_CANDIDATE_RULES,
+    column_presence,
+    cross_validate_presence,
+    fit_presence_rule,
+    presence_features,
+    video_folds,
 )
+from .steps import Param
 
-#: Candidate values of each per-label chain parameter.
-DEFAULT_GRIDS: dict[str, tuple] = {
-    "threshold": (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
-    "median_window": (1, 5, 9, 15, 25, 51),
-    "max_gap": (0, 2, 5, 10, 20, 50),
-    "min_length": (0, 3, 5, 10, 20, 50),
-}
+__all__ = [
+    "DEFAULT_GRIDS",
+    "DEFAULT_ANATOMY_GRID",
+    "default_grids",
+    "tune_decoder",
+    "cross_fitted_events",
+    "label_segments",
+]
 
-_BITS = np.left_shift(np.int64(1), np.arange(NUM_LABELS, dtype=np.int64))
+
+def default_grids() -> dict[str, tuple]:
+    """Candidate values of each per-label chain parameter: the grids of :data:`CHAIN_STEPS`, in search order."""
+    return {step.param.name: step.param.grid for step in CHAIN_STEPS.values() if step.param.grid}
+
+
+def _params() -> dict[str, Param]:
+    return {step.param.name: step.param for step in CHAIN_STEPS.values()}
+
+
+#: :func:`default_grids` of the built-in steps.
+DEFAULT_GRIDS: dict[str, tuple] = default_grids()
+
 _SECTION_SET = set(SECTIONS)
 
+Log = Callable[..., Any]
 
-def label_segments(column: np.ndarray, breaks: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+
+def label_segments(column: np.ndarray, breaks: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Runs of a ``(T, K)`` boolean mask, split where ``breaks`` (``(T,)``: "frame t starts a new event") is set.
 
     Returns:
         ``(col, first, last)`` arrays of run column, first row and last row (inclusive), ordered by column then
-        time.
+        time (:func:`monai_vce.events.runs.run_bounds` with the last row instead of the stop).
     """
-    m = np.asarray(column, dtype=bool)
-    T, K = m.shape
-    prev = np.zeros_like(m)
-    prev[1:] = m[:-1]
-    nxt = np.zeros_like(m)
-    nxt[:-1] = m[1:]
-    start = m & ~prev
-    end = m & ~nxt
-    if breaks is not None:
-        b = np.asarray(breaks, dtype=bool)
-        start |= m & b[:, None]
-        b_next = np.zeros(T, dtype=bool)
-        b_next[:-1] = b[1:]
-        end |= m & b_next[:, None]
-    ks, firsts = np.nonzero(start.T)
-    _, lasts = np.nonzero(end.T)
-    return ks, firsts, lasts
+    col, first, stop = run_bounds(column, breaks=breaks)
+    return col, first, stop - 1
 
 
 class _Video:
@@ -112,7 +121,7 @@ class _Video:
         self.absent = np.array([len(s) == 0 for s in segs])
         self.csum = np.zeros((self.T + 1, NUM_LABELS))
         np.cumsum(self.probs, axis=0, out=self.csum[1:])
-        self.mask: np.ndarray | None = None
+        self.mask: np.ndarray = np.zeros((self.T, NUM_LABELS), dtype=bool)
         self.sections: np.ndarray | None = None
 
 
@@ -122,90 +131,71 @@ def _score_columns(
     cols: np.ndarray,
     breaks: np.ndarray | None,
     others: np.ndarray,
-    csum: np.ndarray,
     ranking: str,
     ths: tuple[float, ...],
 ) -> np.ndarray:
-    """AP ``(K, len(ths))`` of label ``label`` in video ``v`` for K candidate columns ``(T, K)``."""
+    """AP ``(K, len(ths))`` of label ``label`` in video ``v`` for K candidate columns ``(T, K)``.
+
+    The candidate's events are composed, ranked and given frame ids exactly as the decoder does: runs split at
+    ``breaks`` (where the other labels' set changes, in label-set composition), the confidence of each run over
+    its labels (``others`` at the run's first row plus the label), the gap rule for their ends.
+    """
     K = cols.shape[1]
-    ks, first, last = label_segments(cols, breaks)
+    ks, start, stop = run_bounds(cols, breaks=breaks)
     out = np.empty((K, len(ths)))
     if ks.size == 0:
         out[:] = 1.0 if v.absent[label] else 0.0
         return out
-    length = (last - first + 1)[:, None]
-    if ranking == "none":
-        key = -first.astype(np.float64)
-    else:
-        mean = (csum[last + 1] - csum[first]) / length  # (N, 17)
-        member = others[first].copy()  # the other labels of the event (constant over a label-set run)
-        member[:, label] = True
-        if ranking == "mean":
-            key = (mean * member).sum(1) / member.sum(1)
-        elif ranking == "max":
-            key = np.where(member, mean, -np.inf).max(1)
-        else:
-            key = np.where(member, mean, np.inf).min(1)
-    # group by candidate, then most confident first (ties in time order)
-    order = np.lexsort((first, -key, ks))
-    ks, first, last = ks[order], first[order], last[order]
+    member = others[start].copy()  # the other labels of the event (constant over a label-set run)
+    member[:, label] = True
+    order = confidence_order(run_confidence(v.csum, start, stop, member, ranking), start, group=ks)
+    ks, start, stop = ks[order], start[order], stop[order]
     bounds = np.searchsorted(ks, np.arange(K + 1))
-    segs = np.stack([v.frame_ids[first], v.frame_ids[last]], axis=1)
+    segs = np.stack(run_spans(v.frame_ids, start, stop), axis=1)
     for k in range(K):
         out[k] = average_precision(v.gt[label], segs[bounds[k] : bounds[k + 1]], ths)
     return out
 
 
 class _Tuner:
-    def __init__(self, videos: list[_Video], params: DecoderParams, ths, weights, rules, grids, log):
+    def __init__(
+        self,
+        videos: list[_Video],
+        params: DecoderParams,
+        ths: tuple[float, ...],
+        weights: np.ndarray,
+        rules: list[dict[str, Any]],
+        grids: Mapping[str, Sequence],
+        log: Log,
+    ) -> None:
         self.videos = videos
-        self.params = params
+        self.order = params["order"]
+        self.composition = params["composition"]
+        self.ranking = params["ranking"]
+        self.anatomy_params = params["anatomy"] if params["anatomy"]["enabled"] else None
+        # the per-label parameters being fitted (the rest of the parameters is fixed during the ascent)
+        self.labels: dict[str, dict[str, Any]] = {n: dict(params["labels"][n]) for n in LABELS}
         self.ths = ths
         self.weights = np.asarray(weights, dtype=np.float64) / np.sum(weights)
         self.rules = rules
         self.grids = grids
         self.log = log
-        self.anatomy = params["anatomy"]["enabled"]
+        self.anatomy = self.anatomy_params is not None
         self.min_gain = 0.0
         self.folds: np.ndarray | None = None
         self.cv_margin = 0.0
         self.cv_z = 0.0
         self.candidates: list = []
-        self.decisions: dict[str, list[float]] = {}
-
-    def _gate_anatomy(self, v: _Video, label: int, cols: np.ndarray) -> np.ndarray:
-        a = self.params["anatomy"]
-        name = LABELS[label]
-        if not self.anatomy or v.sections is None:
-            return cols
-        if a["gate_landmarks"] and name in a["landmark_window"]:
-            cols &= landmark_windows(v.sections, a["landmark_window"])[name][:, None]
-        if name in a["pathology_sections"]:
-            cols &= section_gate(v.sections, a["pathology_sections"][name])[:, None]
-        return cols
+        self.decisions: dict[str, dict[str, Any]] = {}
 
     def _candidates(self, v: _Video, label: int, key: str | None, values: Sequence) -> np.ndarray:
         """(T, K) columns of one label for candidate values of one parameter (others at their current value)."""
-        lp = self.params["labels"][LABELS[label]]
-        name = LABELS[label]
-        if self.anatomy and name in _SECTION_SET:
-            col = np.zeros((v.T, 1), dtype=bool)
-            if v.sections is not None:
-                col[:, 0] = v.sections == SECTIONS.index(name)
-            return col
+        lp = self.labels[LABELS[label]]
         K = len(values) if key else 1
-        per = {k: np.full(K, lp[k]) for k in ("threshold", "median_window", "max_gap", "min_length")}
+        per = {name: np.full(K, lp[name]) for name in _params()}
         if key:
             per[key] = np.asarray(values)
-        cols = apply_chain(
-            np.repeat(v.probs[:, label : label + 1], K, axis=1),
-            thresholds=per["threshold"],
-            median_windows=per["median_window"].astype(np.int64),
-            max_gaps=per["max_gap"].astype(np.int64),
-            min_lengths=per["min_length"].astype(np.int64),
-            order=self.params["order"],
-        )
-        return self._gate_anatomy(v, label, cols)
+        return decode_columns(v.probs, np.full(K, label), per, self.order, self.anatomy_params, v.sections)
 
     def _fixed_features(self, label: int) -> list[tuple[dict, np.ndarray]]:
         out = []
@@ -217,42 +207,43 @@ class _Tuner:
         return out
 
     def context(self, label: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
-        """Per video: the other labels' current mask and, for label-set runs, where their label set changes."""
+        """Per video: the labels an event of ``label`` shares (the others' current mask in label-set
+        composition, none in per-label composition) and where the others' label set changes."""
         out = []
         for v in self.videos:
             others = v.mask.copy()
             others[:, label] = False
             breaks = None
-            if self.params["composition"] == "label_set":
-                code = others.astype(np.int64) @ _BITS
+            if self.composition == "label_set":
+                code = label_codes(others)
                 breaks = np.r_[False, code[1:] != code[:-1]]
+            else:
+                others[:] = False
             out.append((others, breaks))
         return out
 
     def step(self, label: int, key: str | None, values: Sequence, fixed: list, ctx: list) -> tuple[Any, dict, float]:
         """Best value of one parameter of one label (with its presence rule) and its objective.
 
-        Every candidate's presence features and per-threshold APs are appended to ``self.candidates`` for the
+        Every candidate's presence features and per-tIoU-threshold APs are appended to ``self.candidates`` for the
         cross-validated emission decision (:meth:`decide`).
         """
-        ranking = self.params["ranking"]
         K = len(values) if key else 1
         ap3 = np.empty((K, len(self.videos), len(self.ths)))
         support = np.empty((K, len(self.videos)))
         for j, v in enumerate(self.videos):
             others, breaks = ctx[j]
-            csum = v.csum
             cols = self._candidates(v, label, key, values)
             if cols.shape[1] == 1 and K > 1:
                 cols = np.repeat(cols, K, axis=1)
             support[:, j] = cols.sum(0)
-            ap3[:, j] = _score_columns(v, label, cols, breaks, others, csum, ranking, self.ths)
+            ap3[:, j] = _score_columns(v, label, cols, breaks, others, self.ranking, self.ths)
         ap = ap3 @ self.weights
         absent = np.array([v.absent[label] for v in self.videos])
         use_support = any(r["feature"] == "support" for r in self.rules)
-        best = (-np.inf, None, None)
+        best: tuple[float, Any, Any] = (-np.inf, None, None)
         for k in range(K):
-            feats = list(fixed) + [({"feature": "support"}, support[k])] if use_support else list(fixed)
+            feats = [*list(fixed), ({"feature": "support"}, support[k])] if use_support else list(fixed)
             self.candidates.append((feats, ap3[k]))
             rule, score = fit_presence_rule(feats, ap[k], absent, self.min_gain)
             if score > best[0] + 1e-9:
@@ -263,12 +254,12 @@ class _Tuner:
         """Whether emitting the label beats never emitting it out of fold.
 
         The label is emitted when its weighted out-of-fold gain over "never" (weights of the tIoU thresholds)
-        exceeds its margin and no scored threshold loses by more than its own margin. A tie at one threshold
+        exceeds its margin and no scored tIoU threshold loses by more than its own margin. A tie at one tIoU threshold
         (e.g. no gain at tIoU 0.95 on short videos) therefore does not veto a clear gain at another.
 
         Returns:
             ``(emit, gain, need, combined, combined_need)``: the decision, the ``(N,)`` out-of-fold gain in mean
-            AP over "never", the ``(N,)`` margin of each threshold, and the weighted gain and its margin.
+            AP over "never", the ``(N,)`` margin of each tIoU threshold, and the weighted gain and its margin.
         """
         absent = np.array([v.absent[label] for v in self.videos])
         if self.folds is None or not self.candidates:
@@ -291,28 +282,22 @@ class _Tuner:
 
     def refresh(self, label: int) -> None:
         """Recompute one label's column of every video's current mask with the current parameters."""
-        lp = self.params["labels"][LABELS[label]]
+        rule = self.labels[LABELS[label]]["presence"]
         for v in self.videos:
-            col = self._candidates(v, label, None, ())[:, 0]
-            feats = (
-                presence_features(v.probs, col[:, None], lp["presence"], [0])
-                if lp["presence"]["feature"] == "support"
-                else presence_features(v.probs, None, lp["presence"], [label])
-            )
-            present = lp["presence"]["feature"] == "none" or (
-                lp["presence"]["feature"] != "never" and feats[0] >= lp["presence"]["cutoff"]
-            )
-            v.mask[:, label] = col & present
+            col = self._candidates(v, label, None, ())
+            present = column_presence(v.probs, col, [label], [rule])[0]
+            v.mask[:, label] = col[:, 0] & present
 
     def run(self, rounds: int) -> float:
         score = 0.0
+        params = _params()
         for r in range(rounds):
             total = []
             for label in range(NUM_LABELS):
                 name = LABELS[label]
                 fixed = self._fixed_features(label)
                 ctx = self.context(label)
-                lp = self.params.data["labels"][name]
+                lp = self.labels[name]
                 self.candidates = []
                 if self.anatomy and name in _SECTION_SET:
                     _, rule, score = self.step(label, None, (None,), fixed, ctx)
@@ -320,7 +305,7 @@ class _Tuner:
                 else:
                     for key, values in self.grids.items():
                         value, rule, score = self.step(label, key, tuple(values), fixed, ctx)
-                        lp[key] = float(value) if key == "threshold" else int(value)
+                        lp[key] = float(value) if params[key].kind == "number" else int(value)
                         lp["presence"] = rule
                 if lp["presence"]["feature"] != "never":
                     emit, gain, need, combined, combined_need = self.decide(label)
@@ -345,15 +330,16 @@ class _Tuner:
         return score
 
 
+@renamed_arguments(thresholds="tiou_thresholds")
 def tune_decoder(
     videos: Sequence[tuple[np.ndarray, np.ndarray, Sequence[Mapping[str, Any]]]] | Mapping[str, tuple],
     base: DecoderParams | Mapping[str, Any] | None = None,
     composition: str = "label_set",
     anatomy: bool = True,
-    frame_units: str = "index",
+    frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
     grids: Mapping[str, Sequence] | None = None,
     rounds: int = 2,
-    thresholds: Sequence[float] = (0.5, 0.95),
+    tiou_thresholds: Sequence[float] = (0.5, 0.95),
     weights: Sequence[float] | None = None,
     presence_rules: Sequence[Mapping[str, Any]] = DEFAULT_CANDIDATE_RULES,
     rankings: Sequence[str] = ("mean", "max", "min"),
@@ -373,11 +359,12 @@ def tune_decoder(
         base: starting parameters (order, anatomy settings, ...); the paper's chain when ``None``.
         composition: ``"label_set"`` or ``"per_label"`` event composition, fixed during tuning.
         anatomy: turn anatomy decoding on (sections by Viterbi, landmarks near boundaries).
-        frame_units: recorded in the parameters: the units of ``frame_ids`` (``"index"``/``"frame_number"``).
+        frame_units: recorded in the parameters: the units of ``frame_ids`` (``"frame_index"`` or
+            ``"frame_number"``).
         grids: candidate values per chain parameter (keys of :data:`DEFAULT_GRIDS`); a key left out is not tuned.
         rounds: coordinate-ascent rounds over all labels.
-        thresholds: tIoU thresholds of the objective.
-        weights: weight of each threshold in the objective (equal when ``None``).
+        tiou_thresholds: tIoU thresholds of the objective (formerly ``thresholds``).
+        weights: weight of each tIoU threshold in the objective (equal when ``None``).
         presence_rules: candidate presence features (see :mod:`~monai_vce.postprocessing.gating`).
         rankings: ranking rules compared by the composed validation score at the end.
         presence_min_gain: margin (mean AP) a presence cutoff must win by over emitting always / never
@@ -401,8 +388,9 @@ def tune_decoder(
     Returns:
         The fitted :class:`DecoderParams`, with ``fit`` recording the composed validation mAP.
     """
-    log = print if verbose else (lambda *_: None)
+    log: Log = print if verbose else (lambda *_: None)
     t0 = time.perf_counter()
+    units = as_frame_units(frame_units)
     items = list(videos.items()) if isinstance(videos, Mapping) else list(enumerate(videos))
     if not items:
         raise ValueError("tune_decoder needs at least one validation video")
@@ -416,49 +404,54 @@ def tune_decoder(
     data = DecoderParams(base).to_dict() if not isinstance(base, DecoderParams) else base.to_dict()
     data.pop("fit", None)
     data["composition"] = composition
-    data["frame_units"] = frame_units
+    data["frame_units"] = units.value
     data["anatomy"]["enabled"] = bool(anatomy)
     for r in rankings:
         if r not in RANKINGS:
             raise ValueError(f"rankings: unknown ranking {r!r}; expected names from {list(RANKINGS)}")
     params = DecoderParams(data, source="tuned parameters")
-    grids = dict(DEFAULT_GRIDS if grids is None else grids)
+    known = _params()
+    grids = dict(default_grids() if grids is None else grids)
     for key in grids:
-        if key not in DEFAULT_GRIDS:
-            raise ValueError(f"grids: unknown parameter {key!r}; expected keys from {list(DEFAULT_GRIDS)}")
-    ths = tuple(float(t) for t in thresholds)
-    weights = np.ones(len(ths)) if weights is None else np.asarray(weights, dtype=np.float64)
+        if key not in known:
+            raise ValueError(f"grids: unknown parameter {key!r}; expected keys from {list(known)}")
+        bad = [x for x in grids[key] if not known[key].is_valid(x)]
+        if bad:
+            raise ValueError(f"grids: {key}: {bad[0]!r} is not {known[key].describe()}")
+    ths = tuple(float(t) for t in tiou_thresholds)
+    weights_arr = np.ones(len(ths)) if weights is None else np.asarray(weights, dtype=np.float64)
 
     # labels not tuned yet split nothing: the first round starts from empty masks (the untuned chain's
     # many false-positive runs would fragment every candidate); the sections are decoded once
     anatomy_fit = None
     if anatomy and anatomy_grid:
-        anatomy_fit = _fit_anatomy(vids, params, anatomy_grid, ths, weights, log)
-    decoder = EventDecoder(params)
+        params, anatomy_fit = _fit_anatomy(vids, params, anatomy_grid, ths, weights_arr, log)
     for v in vids:
         v.mask = np.zeros((v.T, NUM_LABELS), dtype=bool)
-        v.sections = decoder.sections(v.probs) if anatomy and v.T else None
-    tuner = _Tuner(vids, params, ths, weights, [dict(r) for r in presence_rules], grids, log)
+        v.sections = section_sequence(v.probs, params["anatomy"]) if anatomy and v.T else None
+    tuner = _Tuner(vids, params, ths, weights_arr, [dict(r) for r in presence_rules], grids, log)
     tuner.min_gain = 1.0 / len(vids) if presence_min_gain is None else float(presence_min_gain)
     if presence_folds >= 2 and len(vids) >= 2:
         tuner.folds = video_folds(len(vids), presence_folds, seed)
     tuner.cv_margin = float(presence_cv_margin)
     tuner.cv_z = float(presence_cv_z)
     tuner.run(rounds)
+    params = params.replace(labels=tuner.labels)
 
     # choose the ranking by the composed score of the full decoder
     gt = {"videos": [{"video_id": v.name, "events": _gt_events(v)} for v in vids]}
-    best = None
+    best: tuple[float, str, dict[str, float]] | None = None
+    w = weights_arr / weights_arr.sum()
     for ranking in rankings or (params["ranking"],):
-        params.data["ranking"] = ranking
-        pred = decode_videos({v.name: (v.probs, v.frame_ids) for v in vids}, EventDecoder(params))
-        res = temporal_map(gt, pred, thresholds=ths, validate=False)
-        obj = float(sum(w * res[f"mAP@{t:g}"] for w, t in zip(weights / weights.sum(), ths)))
+        candidate = params.replace(ranking=ranking)
+        pred = decode_videos({v.name: (v.probs, v.frame_ids) for v in vids}, EventDecoder(candidate))
+        res = temporal_map(gt, pred, tiou_thresholds=ths, validate=False)
+        obj = float(sum(wt * res[f"mAP@{t:g}"] for wt, t in zip(w, ths, strict=True)))
         log(f"ranking {ranking!r}: composed validation objective {obj:.4f}")
         if best is None or obj > best[0] + 1e-12:
             best = (obj, ranking, {f"mAP@{t:g}": res[f"mAP@{t:g}"] for t in ths})
-    params.data["ranking"] = best[1]
-    params.data["fit"] = {
+    assert best is not None
+    fit = {
         "videos": len(vids),
         "objective": best[0],
         **best[2],
@@ -468,34 +461,32 @@ def tune_decoder(
         "out_of_fold_gain": tuner.decisions,
         "seconds": round(time.perf_counter() - t0, 1),
     }
-    params.validate()
-    return params
+    return params.replace(ranking=best[1], fit=fit)
 
 
 def _fit_anatomy(
-    vids: list[_Video], params: DecoderParams, grid: Sequence[Mapping[str, Any]], ths: tuple, weights: np.ndarray, log
-) -> list[float]:
-    """Choose the Viterbi settings from ``grid`` by the sections' mean AP; sets them in ``params``.
+    vids: list[_Video],
+    params: DecoderParams,
+    grid: Sequence[Mapping[str, Any]],
+    ths: tuple[float, ...],
+    weights: np.ndarray,
+    log: Log,
+) -> tuple[DecoderParams, list[float]]:
+    """Choose the Viterbi settings from ``grid`` by the sections' mean AP.
 
     Returns:
-        The objective of each grid entry, in grid order.
+        The parameters with the best settings, and the objective of each grid entry, in grid order.
     """
     w = np.asarray(weights, dtype=np.float64) / np.sum(weights)
     cols = [LABELS.index(n) for n in SECTIONS]
     scores = []
     for setting in grid:
-        trial = params.to_dict()
-        trial["anatomy"].update(dict(setting))
-        decoder = EventDecoder(DecoderParams(trial, source=f"anatomy_grid entry {dict(setting)}"))
+        trial = DecoderParams(params, source=f"anatomy_grid entry {dict(setting)}").with_anatomy(**dict(setting))
         total = 0.0
         for v in vids:
-            sec = decoder.sections(v.probs) if v.T else None
-            mask = np.zeros((v.T, len(SECTIONS)), dtype=bool)
-            if sec is not None:
-                rows = np.flatnonzero(sec >= 0)
-                mask[rows, sec[rows]] = True
-            ks, first, last = label_segments(mask)
-            segs = np.stack([v.frame_ids[first], v.frame_ids[last]], axis=1)
+            sec = section_sequence(v.probs, trial["anatomy"]) if v.T else None
+            ks, start, stop = run_bounds(section_mask(sec, v.T))
+            segs = np.stack(run_spans(v.frame_ids, start, stop), axis=1)
             for k, c in enumerate(cols):
                 pred = segs[ks == k]
                 if v.absent[c]:
@@ -505,9 +496,7 @@ def _fit_anatomy(
         scores.append(total / (len(vids) * len(cols)))
         log(f"anatomy {dict(setting)}: sections' objective {scores[-1]:.4f}")
     best = int(np.argmax(scores))
-    params.data["anatomy"].update(dict(grid[best]))
-    params.validate()
-    return [round(x, 4) for x in scores]
+    return params.with_anatomy(**dict(grid[best])), [round(x, 4) for x in scores]
 
 
 def _gt_events(v: _Video) -> list[dict[str, Any]]:
@@ -515,3 +504,44 @@ def _gt_events(v: _Video) -> list[dict[str, Any]]:
     return [
         {"start": int(s), "end": int(e), "label": [LABELS[c]]} for c in range(NUM_LABELS) for s, e in v.gt[c].tolist()
     ]
+
+
+def cross_fitted_events(
+    videos: Mapping[str, tuple[np.ndarray, np.ndarray, Sequence[Mapping[str, Any]]]],
+    folds: int = 2,
+    seed: int = 0,
+    fit: Callable[[dict[str, tuple]], Any] | None = None,
+    **tune_kwargs: Any,
+) -> dict[str, list[dict[str, Any]]] | None:
+    """Decode every video with a decoder fitted on the other videos only: the honest held-out decoding.
+
+    The videos (sorted by id) are dealt into ``folds`` folds (:func:`video_folds`); each fold is decoded by the
+    decoder fitted on the other folds. Scoring the result with the ground truth estimates what the fitting
+    procedure gives on new videos, which an in-sample fit overstates.
+
+    Args:
+        videos: ``{video_id: (probs (T, 17), frame_ids (T,), gt_events)}``.
+        folds: number of folds.
+        seed: seed of the fold assignment.
+        fit: ``{video_id: (probs, frame_ids, gt_events)} -> DecoderParams`` (or anything
+            :class:`EventDecoder` accepts); default :func:`tune_decoder` with ``tune_kwargs``.
+        tune_kwargs: keyword arguments of :func:`tune_decoder` when ``fit`` is ``None``.
+
+    Returns:
+        ``{video_id: events}`` (most confident first), or ``None`` when there are fewer than ``max(2, folds)``
+        videos to cross-fit.
+    """
+    vids = sorted(videos)
+    if len(vids) < max(2, int(folds)):
+        return None
+    fit_fn = fit if fit is not None else (lambda train: tune_decoder(train, **tune_kwargs))
+    fold = video_folds(len(vids), folds, seed)
+    pred: dict[str, list[dict[str, Any]]] = {}
+    for k in range(int(fold.max()) + 1):
+        train = {v: tuple(videos[v]) for v, f in zip(vids, fold, strict=True) if f != k}
+        decoder = EventDecoder(fit_fn(train))
+        for v, f in zip(vids, fold, strict=True):
+            if f == k:
+                probs, frame_ids = videos[v][0], videos[v][1]
+                pred[v] = list(decoder(probs, frame_ids, video_id=v))
+    return pred

@@ -9,6 +9,7 @@ Scores come from :func:`monai_vce.metrics.temporal_map`. Drawing needs matplotli
 
 from __future__ import annotations
 
+from .evaluation import datalist_ground_truth, evaluation_report
 from .summary import (
     LABEL_ABBREVIATIONS,
     PRESENCE_CODES,
@@ -34,6 +35,8 @@ from .timeline import (
 
 __all__ = [
     "write_report",
+    "evaluation_report",
+    "datalist_ground_truth",
     "draw_timeline",
     "draw_summary",
     "summary_markdown",

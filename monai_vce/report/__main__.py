@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from collections.abc import Sequence
 
+from monai_vce.events.units import FrameUnits
 from monai_vce.report.summary import write_report
 from monai_vce.report.timeline import UNITS
 
@@ -26,15 +28,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--probs", default=None, help="folder of per-video probability files <video_id>.npz")
     parser.add_argument("--out", required=True, help="report folder (created when missing)")
     parser.add_argument(
-        "--units", default="index", choices=UNITS, help="frame units of the event files (default: index)"
+        "--frame-units",
+        default=FrameUnits.FRAME_INDEX.value,
+        choices=UNITS,
+        help="frame units of the event files (default: frame_index)",
     )
+    parser.add_argument("--units", default=None, help=argparse.SUPPRESS)  # former name of --frame-units
     parser.add_argument("--videos", nargs="+", default=None, help="report only these video ids, in this order")
     args = parser.parse_args(argv)
+    if args.units is not None:
+        print("warning: --units is deprecated; use --frame-units", file=sys.stderr)
+        warnings.warn("--units is deprecated; use --frame-units", DeprecationWarning, stacklevel=2)
+        args.frame_units = args.units
     try:
         result = write_report(
-            args.pred, args.out, gt=args.gt, probs_dir=args.probs, units=args.units, videos=args.videos
+            args.pred, args.out, gt=args.gt, probs_dir=args.probs, frame_units=args.frame_units, videos=args.videos
         )
-    except (ImportError, FileNotFoundError, ValueError) as e:
+    except (ImportError, FileNotFoundError, ValueError) as e:  # one paragraph, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
     metrics = result["metrics"]

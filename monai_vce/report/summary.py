@@ -15,9 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from monai_vce.events.probabilities import load_video_probs, probability_file, probability_files, video_file_name
+from monai_vce.events.units import FrameUnits, as_frame_units
+from monai_vce.events.validation import check_events, load_events
 from monai_vce.labels import ANATOMY, LABELS, NUM_LABELS
-from monai_vce.report.timeline import GT_COLOR, PRED_COLOR, UNITS, draw_timeline, figure_to_png, require_matplotlib
-from monai_vce.utils import atomic_write_bytes, atomic_write_json, atomic_write_text
+from monai_vce.metrics.temporal_map import temporal_map
+from monai_vce.report.timeline import GT_COLOR, PRED_COLOR, draw_timeline, figure_to_png, require_matplotlib
+from monai_vce.utils import atomic_write_bytes, atomic_write_json, atomic_write_text, renamed_arguments
 
 __all__ = [
     "PRESENCE_CODES",
@@ -94,7 +98,7 @@ def per_label_ap(metrics: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     Raises:
         ValueError: the result lacks the ``"per_label"`` entry at both thresholds.
     """
-    own = metrics.get("per_label")
+    own: Any = metrics.get("per_label")
     try:
         return {name: {t: float(own[name][t]) for t in ("0.5", "0.95")} for name in LABELS}
     except (KeyError, TypeError):
@@ -116,14 +120,15 @@ def _f(v: Any) -> str:
     return f"{float(v):.3f}"
 
 
+@renamed_arguments(units="frame_units")
 def summary_markdown(
     pred_videos: Mapping[str, Sequence[Mapping[str, Any]]],
     gt_videos: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     metrics: Mapping[str, Any] | None = None,
     timelines: Mapping[str, str] | None = None,
     summary_png: str | None = None,
-    sources: Mapping[str, str] | None = None,
-    units: str = "index",
+    sources: Mapping[str, Any] | None = None,
+    frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
 ) -> str:
     """Compose the summary page in Markdown.
 
@@ -137,19 +142,21 @@ def summary_markdown(
         timelines: ``{video_id: path of the timeline PNG relative to the Markdown file}``.
         summary_png: path of the summary PNG relative to the Markdown file.
         sources: ``{"pred": .., "gt": .., "probs": ..}`` descriptions of the inputs, listed on the page.
-        units: frame units of the event files.
+        frame_units: frame units of the event files (formerly ``units``).
     """
     timelines = timelines or {}
     out = ["# Evaluation report" if gt_videos is not None else "# Inference report", ""]
     for key, name in (("pred", "Prediction"), ("gt", "Ground truth"), ("probs", "Frame probabilities")):
         if sources and sources.get(key):
             out.append(f"- {name}: `{sources[key]}`")
-    out.append(f"- Videos: {len(pred_videos) if gt_videos is None else len(gt_videos)}; frame units: `{units}`")
+    out.append(
+        f"- Videos: {len(pred_videos) if gt_videos is None else len(gt_videos)}; frame units: `{as_frame_units(frame_units).value}`"
+    )
     out.append("")
 
     if gt_videos is None:
         out += ["## Predicted labels per video", ""]
-        rows = []
+        rows: list[list[Any]] = []
         for vid, events in pred_videos.items():
             labels = present_labels(events)
             link = f"[timeline]({timelines[vid]})" if vid in timelines else ""
@@ -224,7 +231,7 @@ def summary_markdown(
         + "."
     )
     out.append("")
-    rows = [[vid] + [c if c != "TN" else "." for c in presence[vid].values()] for vid in gt_videos]
+    rows = [[vid, *(c if c != "TN" else "." for c in presence[vid].values())] for vid in gt_videos]
     out += [_md_table(["video"] + [LABEL_ABBREVIATIONS[n] for n in LABELS], rows, ["l"] + ["c"] * NUM_LABELS), ""]
     return "\n".join(out)
 
@@ -289,7 +296,7 @@ def draw_summary(
     ax_lab.barh(ys - h / 2, a5, height=h, color=PRED_COLOR, label="AP@0.5")
     ax_lab.barh(ys + h / 2, a95, height=h, color=GT_COLOR, label="AP@0.95")
     ax_lab.set_yticks(ys, list(LABELS), fontsize=9)
-    for tick, name in zip(ax_lab.get_yticklabels(), LABELS):
+    for tick, name in zip(ax_lab.get_yticklabels(), LABELS, strict=False):
         tick.set_color("#1a1a1a" if name in ANATOMY else "#7a1f1f")
     ax_lab.set_ylim(NUM_LABELS - 0.5, -0.5)
     ax_lab.set_xlim(1.0, 0.0)  # mirrored so the bars grow towards the label names
@@ -385,13 +392,13 @@ def draw_summary(
         ("presence TP / FP", f"{counts['TP']} / {counts['FP']}"),
         ("presence FN / TN", f"{counts['FN']} / {counts['TN']}"),
     ]
-    for k, (key, value) in enumerate(lines):
-        y = 0.9 - 0.18 * k
-        ax_txt.text(0.02, y, key, fontsize=10, ha="left", va="center", transform=ax_txt.transAxes)
+    for row, (caption, figure) in enumerate(lines):
+        y = 0.9 - 0.18 * row
+        ax_txt.text(0.02, y, caption, fontsize=10, ha="left", va="center", transform=ax_txt.transAxes)
         ax_txt.text(
             0.8,
             y,
-            value,
+            figure,
             fontsize=10,
             fontweight="bold",
             ha="right",
@@ -427,17 +434,7 @@ def draw_summary(
     return fig
 
 
-_SAFE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
-
-
-def _file_stem(video_id: str) -> str:
-    # video ids are free strings; keep file names portable
-    return "".join(c if c in _SAFE else "_" for c in video_id) or "_"
-
-
 def _load_event_json(obj: Any, role: str) -> tuple[dict[str, Any], str]:
-    from monai_vce.metrics import check_events, load_events
-
     if isinstance(obj, Mapping):
         # in-memory decoder output may carry extra keys (an event's "score"); drawing ignores them
         return check_events(obj, source=role, strict=False), role
@@ -445,45 +442,26 @@ def _load_event_json(obj: Any, role: str) -> tuple[dict[str, Any], str]:
     return load_events(path), str(path)
 
 
-def load_probabilities(path: str | os.PathLike, units: str = "index") -> tuple[np.ndarray, np.ndarray]:
-    """Read one per-video probability file and return ``(probs (T, 17), frame ids (T,))`` in ``units``.
+@renamed_arguments(units="frame_units")
+def load_probabilities(
+    path: str | os.PathLike, frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX
+) -> tuple[np.ndarray, np.ndarray]:
+    """Read one per-video probability file and return ``(probs (T, 17), frame ids (T,))`` in ``frame_units``.
 
     Args:
-        path: ``<probs>/<video_id>.npz`` with ``probs``, ``frame_index``, ``frame_number`` and ``labels``.
-        units: which id column to return, ``"index"`` (``frame_index``) or ``"frame_number"``.
+        path: ``<probs>/<video_id>.npz`` (read and checked by :func:`monai_vce.events.load_video_probs`).
+        frame_units: which id column to return, ``"frame_index"`` or ``"frame_number"`` (formerly ``units``).
 
     Raises:
         FileNotFoundError: the file does not exist.
         ValueError: a key is missing, the shapes disagree or the labels are not :data:`LABELS` in order.
     """
-    path = Path(path)
-    if units not in UNITS:
-        raise ValueError(f"units must be one of {UNITS}, got {units!r}")
-    if not path.is_file():
-        raise FileNotFoundError(f"probability file {path} not found")
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            data = {k: f[k] for k in f.files}
-    except Exception as e:  # a truncated or foreign file: name it rather than show numpy's internals
-        raise ValueError(f"probability file {path} cannot be read as .npz ({type(e).__name__}: {e})") from None
-    missing = [k for k in ("probs", "frame_index", "frame_number", "labels") if k not in data]
-    if missing:
-        raise ValueError(f"probability file {path}: missing key{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
-    probs, ids = data["probs"], data["frame_index" if units == "index" else "frame_number"]
-    if probs.ndim != 2 or probs.shape[1] != NUM_LABELS:
-        raise ValueError(f"probability file {path}: 'probs' has shape {probs.shape}, expected (T, {NUM_LABELS})")
-    for key in ("frame_index", "frame_number"):
-        if data[key].shape != (probs.shape[0],):
-            raise ValueError(
-                f"probability file {path}: '{key}' has shape {data[key].shape} but 'probs' has {probs.shape[0]} frames"
-            )
-    if [str(x) for x in data["labels"]] != list(LABELS):
-        raise ValueError(f"probability file {path}: 'labels' are not the {NUM_LABELS} LABELS in order")
-    return probs.astype(np.float32, copy=False), ids.astype(np.int64, copy=False)
+    video = load_video_probs(path)
+    return video.probs, video.frame_ids(frame_units)
 
 
 def _check_range(
-    path: Path, vid: str, ids: np.ndarray, events: Sequence[Mapping[str, Any]], role: str, units: str
+    path: Path, vid: str, ids: np.ndarray, events: Sequence[Mapping[str, Any]], role: str, units: FrameUnits
 ) -> None:
     if not events or not len(ids):
         return
@@ -493,16 +471,18 @@ def _check_range(
     if starts.min() < lo or ends.max() > hi:
         raise ValueError(
             f"video {vid!r}: the {role} events span frames {int(starts.min())} to {int(ends.max())} but the "
-            f"probabilities in {path} cover {units} {lo} to {hi}; the files do not match (wrong video or --units?)"
+            f"probabilities in {path} cover {units.value} {lo} to {hi}; the files do not match (wrong video or "
+            "--frame-units?)"
         )
 
 
+@renamed_arguments(units="frame_units")
 def write_report(
     pred: str | os.PathLike | Mapping[str, Any],
     out_dir: str | os.PathLike,
     gt: str | os.PathLike | Mapping[str, Any] | None = None,
     probs_dir: str | os.PathLike | None = None,
-    units: str = "index",
+    frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
     videos: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Write the report of a prediction: one timeline PNG per video and a summary (Markdown, PNG, JSON).
@@ -525,7 +505,8 @@ def write_report(
         gt: optional ground-truth event JSON (path or object) with exactly the prediction's video ids.
         probs_dir: optional folder of per-video probability files ``<video_id>.npz``, drawn as traces; every
             reported video needs one and every file must belong to a video of the prediction.
-        units: frame units of the event files, ``"index"`` or ``"frame_number"``; selects the id column
+        frame_units: frame units of the event files, ``"frame_index"`` or ``"frame_number"`` (formerly
+            ``units``); selects the id column
             of the probability files and names the frame axis.
         videos: optional subset of video ids to report, in this order; default all, in ground-truth order
             (prediction order without ground truth).
@@ -541,10 +522,8 @@ def write_report(
             probabilities that do not match the events; the message names the file and video.
     """
     require_matplotlib()
-    from monai_vce.metrics import check_events, temporal_map
 
-    if units not in UNITS:
-        raise ValueError(f"units must be one of {UNITS}, got {units!r}")
+    units = as_frame_units(frame_units)
     pred_obj, pred_src = _load_event_json(pred, "prediction")
     gt_obj, gt_src = _load_event_json(gt, "ground truth") if gt is not None else (None, None)
     if gt_obj is not None:
@@ -564,7 +543,7 @@ def write_report(
     if probs_path is not None:
         if not probs_path.is_dir():
             raise FileNotFoundError(f"probability folder {probs_path} not found")
-        strays = sorted(p.name for p in probs_path.glob("*.npz") if p.stem not in {_file_stem(v) for v in pred_videos})
+        strays = sorted(p.name for vid, p in probability_files(probs_path).items() if vid not in pred_videos)
         if strays:
             raise ValueError(
                 f"probability folder {probs_path} has files of videos that are not in {pred_src}: "
@@ -582,10 +561,10 @@ def write_report(
     for vid in order:
         probs = ids = None
         if probs_path is not None:
-            npz = probs_path / f"{_file_stem(vid)}.npz"
+            npz = probability_file(probs_path, vid)
             if not npz.is_file():
                 raise FileNotFoundError(f"probability file {npz} of video {vid!r} not found")
-            probs, ids = load_probabilities(npz, units=units)
+            probs, ids = load_probabilities(npz, frame_units=units)
             _check_range(npz, vid, ids, pred_videos[vid], "predicted", units)
             if gt_videos is not None:
                 _check_range(npz, vid, ids, gt_videos[vid], "ground-truth", units)
@@ -595,19 +574,24 @@ def write_report(
             gt_events=gt_videos[vid] if gt_videos is not None else None,
             probs=probs,
             frame_ids=ids,
-            units=units,
+            frame_units=units,
             scores=metrics["per_video"][vid] if metrics is not None else None,
         )
-        timelines[vid] = atomic_write_bytes(out / "timelines" / f"{_file_stem(vid)}.png", figure_to_png(fig))
+        timelines[vid] = atomic_write_bytes(out / "timelines" / video_file_name(vid, ".png"), figure_to_png(fig))
 
     rel = {vid: f"timelines/{p.name}" for vid, p in timelines.items()}
     summary_png = None
     presence = None
     if metrics is not None:
+        assert gt_videos is not None  # metrics are computed only with a ground truth
         presence = presence_matrix({v: pred_videos[v] for v in order}, {v: gt_videos[v] for v in order})
         fig = draw_summary(metrics, presence)
         summary_png = atomic_write_bytes(out / "summary.png", figure_to_png(fig))
-    sources = {"pred": pred_src, "gt": gt_src, "probs": str(probs_path) if probs_path is not None else None}
+    sources: dict[str, Any] = {
+        "pred": pred_src,
+        "gt": gt_src,
+        "probs": str(probs_path) if probs_path is not None else None,
+    }
     md = summary_markdown(
         {v: pred_videos[v] for v in order},
         {v: gt_videos[v] for v in order} if gt_videos is not None else None,
@@ -615,14 +599,14 @@ def write_report(
         timelines=rel,
         summary_png="summary.png" if summary_png is not None else None,
         sources=sources,
-        units=units,
+        frame_units=units,
     )
     summary_md = atomic_write_text(out / "summary.md", md)
     summary_json = atomic_write_json(
         out / "summary.json",
         {
             "sources": sources,
-            "units": units,
+            "frame_units": units.value,
             "videos": order,
             "metrics": metrics,
             "presence": presence,

@@ -15,7 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import ANATOMY, LABELS, NUM_LABELS, SECTIONS
+from monai_vce.utils import renamed_arguments
 
 __all__ = [
     "UNITS",
@@ -32,7 +34,7 @@ __all__ = [
 ]
 
 #: Frame units of event files and of the frame axis (the two id columns of a probability file).
-UNITS: tuple[str, ...] = ("index", "frame_number")
+UNITS: tuple[str, ...] = tuple(u.value for u in FrameUnits)
 PRED_COLOR = "#1f5fa8"
 GT_COLOR = "#e8862a"
 PROB_COLOR = "#6f93bf"
@@ -169,13 +171,14 @@ def _fmt_score(v: Any) -> str:
     return "–" if v is None else f"{float(v):.2f}"
 
 
+@renamed_arguments(units="frame_units")
 def draw_timeline(
     video_id: str,
     pred_events: Sequence[Mapping[str, Any]],
     gt_events: Sequence[Mapping[str, Any]] | None = None,
     probs: np.ndarray | None = None,
     frame_ids: np.ndarray | None = None,
-    units: str = "index",
+    frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
     scores: Mapping[str, Any] | None = None,
     figsize: tuple[float, float] = (16.0, 7.0),
     dpi: int = 100,
@@ -195,11 +198,11 @@ def draw_timeline(
 
     Args:
         video_id: the video id, named in the title.
-        pred_events: the video's predicted events (challenge format, in ``units``).
+        pred_events: the video's predicted events (challenge format, in ``frame_units``).
         gt_events: the video's ground-truth events, or ``None`` (inference).
         probs: optional (T, 17) frame probabilities in :data:`LABELS` order.
-        frame_ids: (T,) frame ids of ``probs`` in ``units``; required with ``probs``.
-        units: ``"index"`` or ``"frame_number"``; names the frame axis.
+        frame_ids: (T,) frame ids of ``probs`` in ``frame_units``; required with ``probs``.
+        frame_units: ``"frame_index"`` or ``"frame_number"``; names the frame axis (formerly ``units``).
         scores: optional per-video entry of :func:`monai_vce.metrics.temporal_map` (``"mAP@0.5"``,
             ``"mAP@0.95"``, ``"AP"``).
         figsize: figure size in inches; the PNG is ``figsize * dpi`` pixels.
@@ -218,8 +221,8 @@ def draw_timeline(
     from matplotlib.patches import Patch
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-    if units not in UNITS:
-        raise ValueError(f"units must be one of {UNITS}, got {units!r}")
+    units = as_frame_units(frame_units)
+    axis_name = "frame index" if units is FrameUnits.FRAME_INDEX else "frame number"
     pred_iv = label_intervals(pred_events)
     gt_iv = label_intervals(gt_events) if gt_events is not None else None
 
@@ -276,7 +279,7 @@ def draw_timeline(
     ax.axhline(len(ANATOMY) - 0.5, color="#999999", lw=0.8, zorder=1)
     if trace is not None:
         edges, values = trace
-        for i, name in enumerate(LABELS):
+        for i in range(len(LABELS)):
             base = i + 0.45
             ax.fill_between(
                 edges, base, base - 0.85 * values[:, i], step="post", color=PROB_COLOR, alpha=0.3, lw=0, zorder=2
@@ -301,13 +304,13 @@ def draw_timeline(
             )
     ax.set_ylim(NUM_LABELS - 0.5, -0.5)
     ax.set_yticks(ys, list(LABELS), fontsize=9)
-    for tick, name in zip(ax.get_yticklabels(), LABELS):
+    for tick, name in zip(ax.get_yticklabels(), LABELS, strict=False):
         tick.set_color("#1a1a1a" if name in ANATOMY else "#7a1f1f")
     ax.tick_params(axis="y", length=0)
     ax.set_xlim(lo, hi)
     ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{int(round(v)):,}"))
-    ax.set_xlabel("frame index" if units == "index" else "frame number", fontsize=10)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{round(v):,}"))
+    ax.set_xlabel(axis_name, fontsize=10)
     ax.grid(axis="x", color="#dddddd", lw=0.6, zorder=0)
     ax.set_axisbelow(True)
     for side in ("top", "right"):
@@ -335,14 +338,14 @@ def draw_timeline(
     fig.text(
         0.01,
         0.925,
-        f"{hi - lo:,} frames ({'frame index' if units == 'index' else 'frame number'} {lo:,} to {hi - 1:,})",
+        f"{hi - lo:,} frames ({axis_name} {lo:,} to {hi - 1:,})",
         fontsize=9,
         color="#555555",
         ha="left",
         va="center",
     )
 
-    handles = [Patch(facecolor=PRED_COLOR, label="predicted events")]
+    handles: list[Any] = [Patch(facecolor=PRED_COLOR, label="predicted events")]
     if gt_events is not None:
         handles.append(Patch(facecolor=GT_COLOR, label="ground truth"))
     if trace is not None:

@@ -30,7 +30,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="site folder (created; open its index.html in a browser)")
     p.add_argument("--probs", default=None, help="folder of per-video probability files <video_id>.npz")
     p.add_argument("--gt", default=None, help="ground-truth event JSON, drawn in the timelines")
-    p.add_argument("--units", default="index", choices=UNITS, help="frame units of the event files (default: index)")
+    p.add_argument(
+        "--frame-units",
+        default="frame_index",
+        choices=UNITS,
+        help="frame units of the event files: frame_index (the labels CSV's index, default) or frame_number",
+    )
     p.add_argument("--fps", type=float, default=None, help="frame rate of frame folders, for durations in seconds")
     p.add_argument("--videos", nargs="+", default=None, help="only these video ids, in this order")
     p.add_argument("--strip-frames", type=int, default=1500, help="timeline thumbnails per exam (default 1500)")
@@ -54,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.out,
             probs_dir=args.probs,
             gt=args.gt,
-            units=args.units,
+            frame_units=args.frame_units,
             fps=args.fps,
             videos=args.videos,
             strip_frames=args.strip_frames,

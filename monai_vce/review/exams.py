@@ -6,7 +6,7 @@ or the decoded position in a video file). When the video's probability file ``<p
 given, its rows are the axis (the frames that were inferred); otherwise the frames found on disk are, with
 ``frame_index`` = ``frame_number`` as in :func:`monai_vce.data.build_inference_datalist`.
 
-Events count frames in one of the two units (``units``). An event maps onto the rows it covers: its first row
+Events count frames in one of the two units (``frame_units``). An event maps onto the rows it covers: its first row
 is the first whose id is ``>= start``, its last the last whose id is ``<= end``.
 """
 
@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import LABELS, NUM_LABELS
 
 __all__ = ["UNITS", "Exam", "frames_by_video", "load_exam", "event_rows", "peak_row"]
@@ -26,7 +27,7 @@ __all__ = ["UNITS", "Exam", "frames_by_video", "load_exam", "event_rows", "peak_
 PathLike = str | os.PathLike
 
 #: Frame units of event files: ``frame_index`` (Galar ``index``) or ``frame_number`` (file name / decoded position).
-UNITS: tuple[str, ...] = ("index", "frame_number")
+UNITS: tuple[str, ...] = tuple(u.value for u in FrameUnits)
 
 
 @dataclass
@@ -58,9 +59,9 @@ class Exam:
     def __len__(self) -> int:
         return int(self.frame_index.shape[0])
 
-    def ids(self, units: str) -> np.ndarray:
-        """Row ids in ``units``."""
-        return self.frame_index if units == "index" else self.frame_number
+    def ids(self, frame_units: FrameUnits | str) -> np.ndarray:
+        """Row ids in ``frame_units``."""
+        return self.frame_index if as_frame_units(frame_units) is FrameUnits.FRAME_INDEX else self.frame_number
 
 
 def frames_by_video(frames: PathLike | Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -136,8 +137,8 @@ def load_exam(
     if probs_file is not None:
         from monai_vce.report.summary import load_probabilities
 
-        probs, p_index = load_probabilities(probs_file, units="index")
-        _, p_number = load_probabilities(probs_file, units="frame_number")
+        probs, p_index = load_probabilities(probs_file, frame_units="frame_index")
+        _, p_number = load_probabilities(probs_file, frame_units="frame_number")
         pos = np.searchsorted(number, p_number)
         pos_c = np.minimum(pos, max(len(number) - 1, 0))
         found = (pos < len(number)) & (number[pos_c] == p_number) if len(number) else np.zeros(len(p_number), bool)

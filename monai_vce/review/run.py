@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from monai_vce.events.units import FrameUnits
+
 __all__ = ["write_run_review"]
 
 logger = logging.getLogger(__name__)
@@ -19,7 +21,7 @@ def write_run_review(
     datalist: Sequence[Mapping[str, Any]],
     probs_dir: str | os.PathLike | None = None,
     gt: str | os.PathLike | Mapping[str, Any] | None = None,
-    units: str = "index",
+    frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
     fps: float | None = None,
     **kwargs: Any,
 ) -> Path | None:
@@ -35,7 +37,7 @@ def write_run_review(
         datalist: the run's frame datalist (every video of the JSON; frame images or video files).
         probs_dir: the run's per-video probability files.
         gt: ground-truth event JSON (path or object), e.g. the evaluation's ``ground_truth.json``.
-        units: frame units of the events (the decoder's ``frame_units``).
+        frame_units: frame units of the events (the decoder's ``frame_units``).
         fps: frame rate of frame folders (video files carry their own).
         kwargs: more :func:`monai_vce.review.write_review_site` arguments.
 
@@ -57,7 +59,9 @@ def write_run_review(
     pred = load_events(events_file)
     keep = {str(v["video_id"]) for v in pred["videos"]}
     data = [d for d in datalist if str(d["video_id"]) in keep]
-    index = write_review_site(pred, data, review_dir, probs_dir=probs_dir, gt=gt, units=units, fps=fps, **kwargs)
+    index = write_review_site(
+        pred, data, review_dir, probs_dir=probs_dir, gt=gt, frame_units=frame_units, fps=fps, **kwargs
+    )
     logger.info(f"review site of {len(pred['videos'])} videos: {index}")
     print(f"review site: {Path(index).resolve()}", flush=True)
     return index

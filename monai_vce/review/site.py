@@ -34,8 +34,9 @@ from urllib.parse import quote
 
 import numpy as np
 
+from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import ANATOMY, LABELS, PATHOLOGY, SECTIONS
-from monai_vce.review.exams import UNITS, Exam, event_rows, frames_by_video, load_exam, peak_row
+from monai_vce.review.exams import Exam, event_rows, frames_by_video, load_exam, peak_row
 from monai_vce.review.thumbnails import ImageJob, render_jobs
 from monai_vce.utils import atomic_write_text
 
@@ -121,8 +122,8 @@ def _url(path: Path, start: Path) -> str:
     return "/".join(quote(part) for part in Path(rel).parts) if rel != "." else "."
 
 
-def _event_entries(exam: Exam, events: Sequence[Mapping[str, Any]], units: str, thumbs: int) -> list[dict]:
-    ids = exam.ids(units)
+def _event_entries(exam: Exam, events: Sequence[Mapping[str, Any]], frame_units: str, thumbs: int) -> list[dict]:
+    ids = exam.ids(frame_units)
     first, last = event_rows(ids, events)
     out = []
     for k, e in enumerate(events):
@@ -162,7 +163,7 @@ def _full_rows(exam: Exam, entries: Sequence[Mapping[str, Any]], budget: int, ma
     return np.asarray(sorted(chosen), np.int64)
 
 
-def _source_digest(exam: Exam, units: str, params: Mapping[str, Any]) -> str:
+def _source_digest(exam: Exam, frame_units: str, params: Mapping[str, Any]) -> str:
     h = hashlib.sha256()
     if exam.video is not None:
         from monai_vce.data.video import video_source
@@ -177,17 +178,17 @@ def _source_digest(exam: Exam, units: str, params: Mapping[str, Any]) -> str:
     return h.hexdigest()
 
 
-def _state_key(exam: Exam, units: str) -> str:
+def _state_key(exam: Exam, frame_units: str) -> str:
     """Identifies the review state of an exam in the browser: the same predictions on the same frames keep it."""
     h = hashlib.sha256()
-    h.update(json.dumps([exam.video_id, units, exam.events], sort_keys=True, default=str).encode())
-    h.update(exam.ids(units).tobytes())
+    h.update(json.dumps([exam.video_id, frame_units, exam.events], sort_keys=True, default=str).encode())
+    h.update(exam.ids(frame_units).tobytes())
     return h.hexdigest()[:16]
 
 
 def exam_data(
     exam: Exam,
-    units: str,
+    frame_units: str,
     page_dir: Path,
     strip_frames: int = 1500,
     max_event_thumbnails: int = 1000,
@@ -198,7 +199,7 @@ def exam_data(
 
     Args:
         exam: the exam.
-        units: frame units of the events.
+        frame_units: frame units of the events.
         page_dir: the folder of the exam's page (relative links to the frames start there).
         strip_frames: timeline thumbnails (sampled evenly).
         max_event_thumbnails: events (in confidence order) that get their own thumbnails.
@@ -210,8 +211,8 @@ def exam_data(
     """
     t = len(exam)
     name = exam_file_name(exam.video_id)
-    events = _event_entries(exam, exam.events, units, max_event_thumbnails)
-    gt = _event_entries(exam, exam.gt_events, units, 0) if exam.gt_events is not None else None
+    events = _event_entries(exam, exam.events, frame_units, max_event_thumbnails)
+    gt = _event_entries(exam, exam.gt_events, frame_units, 0) if exam.gt_events is not None else None
     strip = np.unique(np.linspace(0, t - 1, min(t, strip_frames)).round().astype(np.int64)) if t else np.zeros(0, int)
     event_thumbs = [r for e in events for r in e.get("thumbs", [])]
     thumb_rows = np.union1d(strip, np.asarray(event_thumbs, np.int64))
@@ -245,8 +246,8 @@ def exam_data(
         "version": SITE_FORMAT_VERSION,
         "video_id": exam.video_id,
         "name": name,
-        "state_key": _state_key(exam, units),
-        "units": units,
+        "state_key": _state_key(exam, frame_units),
+        "units": frame_units,
         "fps": exam.fps,
         "num_frames": t,
         "source": os.path.basename(exam.video) if exam.video is not None else None,
@@ -279,7 +280,7 @@ def exam_data(
         "state_key": data["state_key"],
         "num_frames": t,
         "fps": exam.fps,
-        "units": units,
+        "units": frame_units,
         "labels": [n for n in LABELS if n in found],
         "gt_events": None if gt is None else len(gt),
         "events": [{"start": e["start"], "end": e["end"], "label": e["label"]} for e in events],
@@ -336,7 +337,7 @@ def write_review_site(
     out_dir: PathLike,
     probs_dir: PathLike | None = None,
     gt: PathLike | Mapping[str, Any] | None = None,
-    units: str = "index",
+    frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
     fps: float | None = None,
     videos: Sequence[str] | None = None,
     strip_frames: int = 1500,
@@ -357,8 +358,8 @@ def write_review_site(
         probs_dir: folder of the per-video ``<video_id>.npz`` probability files (traces, mean/max probability,
             the most probable frame of each event); every shown video needs one when given.
         gt: optional ground-truth event JSON (path or object), drawn in each lane.
-        units: frame units of the event files, ``"index"`` or ``"frame_number"`` (the site shows frames in these
-            units; the frame viewer also names the frame's file and the other id).
+        frame_units: frame units of the event files, ``"frame_index"`` or ``"frame_number"`` (the site shows frames in
+            these units; the frame viewer also names the frame's file and the other id).
         fps: frame rate of frame folders, for durations in seconds (video files carry their own).
         videos: video ids to include, in this order (default: every video of ``pred``, in its order).
         strip_frames: timeline thumbnails per exam.
@@ -376,8 +377,7 @@ def write_review_site(
         ValueError: invalid event files, unknown videos, or frames and probabilities that do not match; the
             message names the file and the video.
     """
-    if units not in UNITS:
-        raise ValueError(f"units must be one of {UNITS}, got {units!r}")
+    frame_units = as_frame_units(frame_units).value
     pred_obj, pred_src = _load_events_arg(pred, "prediction")
     gt_obj = _load_events_arg(gt, "ground truth")[0] if gt is not None else None
     pred_videos = {str(v["video_id"]): list(v["events"]) for v in pred_obj["videos"]}
@@ -419,13 +419,13 @@ def write_review_site(
             probs_file=npz,
             fps=fps,
         )
-        _check_range(exam, exam.events, "predicted", units)
+        _check_range(exam, exam.events, "predicted", frame_units)
         if exam.gt_events is not None:
-            _check_range(exam, exam.gt_events, "ground-truth", units)
-        data, job, entry = exam_data(exam, units, exams_dir, **params)
+            _check_range(exam, exam.gt_events, "ground-truth", frame_units)
+        data, job, entry = exam_data(exam, frame_units, exams_dir, **params)
         # thumbnails of an earlier site are reused only when they were made from the same frames and settings
         stamp = exams_dir / data["name"] / "source.txt"
-        digest = _source_digest(exam, units, params)
+        digest = _source_digest(exam, frame_units, params)
         if not stamp.is_file() or stamp.read_text().strip() != digest:
             shutil.rmtree(exams_dir / data["name"], ignore_errors=True)
             (exams_dir / data["name"]).mkdir(parents=True)
@@ -442,7 +442,7 @@ def write_review_site(
     index = {
         "version": SITE_FORMAT_VERSION,
         "prediction": os.path.basename(pred_src),
-        "units": units,
+        "units": frame_units,
         "labels": list(LABELS),
         "exams": entries,
     }
@@ -450,17 +450,17 @@ def write_review_site(
     return atomic_write_text(out / "index.html", _INDEX_PAGE.format(count=len(entries)))
 
 
-def _check_range(exam: Exam, events: Sequence[Mapping[str, Any]], role: str, units: str) -> None:
-    """Events beyond the exam's frames mean the wrong video or the wrong units: say so rather than draw nothing."""
+def _check_range(exam: Exam, events: Sequence[Mapping[str, Any]], role: str, frame_units: str) -> None:
+    """Events beyond the exam's frames mean the wrong video or the wrong frame units: say so rather than draw nothing."""
     if not events or not len(exam):
         return
-    ids = exam.ids(units)
+    ids = exam.ids(frame_units)
     lo = min(int(e["start"]) for e in events)
     hi = max(int(e["end"]) for e in events)
     if lo < int(ids[0]) or hi > int(ids[-1]):
         raise ValueError(
-            f"video {exam.video_id!r}: the {role} events span {units} {lo} to {hi} but its frames cover {units} "
-            f"{int(ids[0])} to {int(ids[-1])}; the files do not match (wrong video, frames or --units?)"
+            f"video {exam.video_id!r}: the {role} events span {frame_units} {lo} to {hi} but its frames cover {frame_units} "
+            f"{int(ids[0])} to {int(ids[-1])}; the files do not match (wrong video, frames or --frame-units?)"
         )
 
 

@@ -156,7 +156,7 @@
     var header = el("header", { className: "topbar" }, [
       el("h1", { text: "Capsule exam review" }),
       el("span", { className: "muted", text: idx.exams.length + " exams · events from " + idx.prediction +
-        " · frames in " + (idx.units === "index" ? "frame index" : "frame number") + " units" })
+        " · frames in " + (idx.units === "frame_index" ? "frame index" : "frame number") + " units" })
     ]);
     var table = el("table", { className: "exam-table" });
     var head = el("tr", null, ["Exam", "Frames", "Duration", "Events", "Predicted labels", "Reviewed", ""].map(
@@ -217,11 +217,11 @@
     data.labels.forEach(function (n, i) { self.labelIndex[n] = i; });
     this.frameIndex = intArray(data.frame_index);
     this.frameNumber = intArray(data.frame_number);
-    this.ids = data.units === "index" ? this.frameIndex : this.frameNumber;
+    this.ids = data.units === "frame_index" ? this.frameIndex : this.frameNumber;
     this.probs = data.probs ? bytesFromB64(data.probs) : null;
     this.thumbRows = int32FromB64(data.thumbs.rows);
     this.storedRows = data.frames.kind === "stored" ? int32FromB64(data.frames.rows) : null;
-    this.unitName = data.units === "index" ? "frame index" : "frame number";
+    this.unitName = data.units === "frame_index" ? "frame index" : "frame number";
     this.gt = data.gt || null;
     this.thumbsByEvent = {};
     data.events.forEach(function (e, i) {
@@ -713,7 +713,7 @@
     var id = this.ids[row];
     this.frameTitle.textContent = (this.unitName.charAt(0).toUpperCase() + this.unitName.slice(1)) + " " + fmt(id);
     var sub = ["frame " + fmt(row + 1) + " of " + fmt(this.T)];
-    if (this.d.units === "index") sub.push("frame number " + fmt(this.frameNumber[row]));
+    if (this.d.units === "frame_index") sub.push("frame number " + fmt(this.frameNumber[row]));
     else sub.push("frame index " + fmt(this.frameIndex[row]));
     sub.push(this.fileName(row));
     if (this.d.fps) sub.push(clock(this.frameNumber[row] / this.d.fps));

@@ -7,9 +7,16 @@ Two compositions are offered by :func:`frames_to_events`:
   how the Galar ground truth is built; predictions composed this way can match its fragmented segments.
 * ``"per_label"``: one event per maximal run of each label on its own.
 
-"Consecutive" means consecutive positions in the arrays: ``frame_ids`` may have gaps (e.g. every 5th frame
-was classified), and an event then spans ``frame_ids[first]`` to ``frame_ids[last]`` of its run, both
-inclusive. All steps are vectorised over frames and labels; Python only loops over the events it returns.
+"Consecutive" means consecutive rows of the arrays, and ``frame_ids`` may have gaps (e.g. every 5th frame was
+classified). An event spans frame ids by the gap rule of :mod:`monai_vce.events.runs`, the rule of the
+challenge's ground truth: from the id of its first row to one frame before the id of the row after its run (the
+id of the last row at the end of the video), so a gap never ends an event. On gap-free ids an event spans the
+ids of its first and last rows.
+
+The confidence of a run (:func:`run_confidence`) is the one the decoder orders its events by and the decoder's
+tuning scores candidates with: each of the run's labels contributes the mean of its probability over the run's
+rows, and the labels' means are combined by a ranking rule (:data:`RANKINGS`). All steps are vectorised over
+frames and labels; Python only loops over the events it returns.
 """
 
 from __future__ import annotations
@@ -20,19 +27,37 @@ from typing import Any
 import numpy as np
 
 from monai_vce.labels import LABELS, NUM_LABELS
-from monai_vce.metrics.validation import to_challenge_format
 
-__all__ = ["COMPOSITIONS", "frames_to_events", "events_to_frames", "event_json", "to_challenge_format"]
+from .runs import run_bounds, run_spans, value_runs
+from .validation import to_challenge_format
+
+__all__ = [
+    "COMPOSITIONS",
+    "RANKINGS",
+    "label_codes",
+    "compose_runs",
+    "run_confidence",
+    "confidence_order",
+    "runs_to_events",
+    "frames_to_events",
+    "events_to_frames",
+    "event_json",
+    "to_challenge_format",
+]
 
 #: The event compositions of :func:`frames_to_events`.
 COMPOSITIONS: tuple[str, ...] = ("label_set", "per_label")
+#: How :func:`run_confidence` combines the per-label means of a multi-label run (``"none"``: time order).
+RANKINGS: tuple[str, ...] = ("mean", "max", "min", "none")
 
 _BITS = np.left_shift(np.int64(1), np.arange(NUM_LABELS, dtype=np.int64))
 # label lists are written sorted by name, as the challenge's ground truth lists them
 _NAME_ORDER = sorted(range(NUM_LABELS), key=lambda i: LABELS[i])
 
 
-def _check_frames(active: np.ndarray, frame_ids: np.ndarray, scores: np.ndarray | None):
+def _check_frames(
+    active: np.ndarray, frame_ids: np.ndarray, scores: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     active = np.asarray(active)
     if active.ndim != 2 or active.shape[1] != NUM_LABELS:
         raise ValueError(f"active must be a (T, {NUM_LABELS}) array in LABELS order, got shape {active.shape}")
@@ -63,6 +88,96 @@ def _names(code: int) -> list[str]:
     return [LABELS[i] for i in _NAME_ORDER if code >> i & 1]
 
 
+def label_codes(active: np.ndarray) -> np.ndarray:
+    """The label set of every row of a ``(T, 17)`` mask as one int64 code (bit ``i`` for ``LABELS[i]``)."""
+    return np.asarray(active, dtype=bool).astype(np.int64) @ _BITS
+
+
+def compose_runs(
+    active: np.ndarray, mode: str = "label_set", keep_empty: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The runs of rows that become events, before frame ids are attached.
+
+    Args:
+        active: ``(T, 17)`` bool array in :data:`~monai_vce.labels.LABELS` order.
+        mode: ``"label_set"`` or ``"per_label"`` (see the module docstring).
+        keep_empty: in ``"label_set"`` mode, also return the runs of rows without any label (the challenge's
+            ground truth lists them as events with an empty label list).
+
+    Returns:
+        ``(start, stop, member)``: first row, one-past-last row and ``(N, 17)`` bool labels of each run, in time
+        order (ties, only in ``"per_label"`` mode, in label order).
+    """
+    if mode not in COMPOSITIONS:
+        raise ValueError(f"mode must be one of {COMPOSITIONS}, got {mode!r}")
+    active = np.asarray(active, dtype=bool)
+    if mode == "label_set":
+        start, stop, codes = value_runs(label_codes(active))
+        if not keep_empty:
+            keep = codes != 0
+            start, stop, codes = start[keep], stop[keep], codes[keep]
+        member = (codes[:, None] & _BITS[None, :]) != 0
+        return start, stop, member
+    # per_label: the runs of every label at once, ordered by (start row, label)
+    lab, start, stop = run_bounds(active)
+    order = np.lexsort((lab, start))
+    lab, start, stop = lab[order], start[order], stop[order]
+    member = np.zeros((lab.size, NUM_LABELS), dtype=bool)
+    member[np.arange(lab.size), lab] = True
+    return start, stop, member
+
+
+def run_confidence(
+    csum: np.ndarray, start: np.ndarray, stop: np.ndarray, member: np.ndarray, ranking: str = "mean"
+) -> np.ndarray:
+    """Confidence of runs: each member label's mean score over the run's rows, combined by ``ranking``.
+
+    Args:
+        csum: ``(T + 1, C)`` cumulative sums of the per-row scores along time, ``csum[0] == 0``.
+        start: first row of each run.
+        stop: one-past-last row of each run.
+        member: ``(N, C)`` bool, the labels of each run (at least one per run).
+        ranking: ``"mean"``, ``"max"`` or ``"min"`` over the member labels' means (see :data:`RANKINGS`);
+            ``"none"`` returns ``-start`` (time order).
+
+    Returns:
+        ``(N,)`` float64 confidence; a higher value is listed first.
+    """
+    if ranking == "none":
+        return -np.asarray(start, dtype=np.float64)
+    mean = (csum[stop] - csum[start]) / (stop - start)[:, None]
+    if ranking == "mean":
+        return (mean * member).sum(axis=1) / np.maximum(member.sum(axis=1), 1)
+    if ranking == "max":
+        return np.where(member, mean, -np.inf).max(axis=1)
+    if ranking == "min":
+        return np.where(member, mean, np.inf).min(axis=1)
+    raise ValueError(f"ranking must be one of {list(RANKINGS)}, got {ranking!r}")
+
+
+def confidence_order(confidence: np.ndarray, start: np.ndarray, group: np.ndarray | None = None) -> np.ndarray:
+    """Positions of runs sorted most confident first (ties in time order), within each ``group`` when given."""
+    keys = (np.asarray(start), -np.asarray(confidence)) + (() if group is None else (np.asarray(group),))
+    return np.lexsort(keys)
+
+
+def runs_to_events(
+    frame_ids: np.ndarray, start: np.ndarray, stop: np.ndarray, member: np.ndarray, score: np.ndarray | None = None
+) -> list[dict[str, Any]]:
+    """Events ``{"start", "end", "label"}`` (plus ``"score"``) of runs, spanning frame ids by the gap rule."""
+    first, last = run_spans(frame_ids, start, stop)
+    codes = label_codes(member)
+    uniq, inverse = np.unique(codes, return_inverse=True)
+    names = [_names(int(c)) for c in uniq]
+    starts, ends, inv = first.tolist(), last.tolist(), inverse.reshape(-1).tolist()
+    if score is None:
+        return [{"start": s, "end": e, "label": list(names[u])} for s, e, u in zip(starts, ends, inv, strict=True)]
+    return [
+        {"start": s, "end": e, "label": list(names[u]), "score": sc}
+        for s, e, u, sc in zip(starts, ends, inv, np.asarray(score).tolist(), strict=True)
+    ]
+
+
 def frames_to_events(
     active: np.ndarray,
     frame_ids: np.ndarray,
@@ -73,14 +188,15 @@ def frames_to_events(
 
     Args:
         active: (T, 17) bool array in :data:`~monai_vce.labels.LABELS` order, the frames of one video in order.
-        frame_ids: (T,) strictly increasing non-negative integer frame ids (index or frame-number units) of
-            the rows; gaps are allowed and do not split events (runs are over consecutive rows).
+        frame_ids: (T,) strictly increasing non-negative integer frame ids (frame-index or frame-number units)
+            of the rows; gaps are allowed, never end an event, and belong to the event before them (the gap
+            rule of :mod:`monai_vce.events.runs`).
         mode: ``"label_set"`` (maximal runs of an identical non-empty label set, a new event wherever any
             label switches; the challenge's composition) or ``"per_label"`` (maximal runs of each label).
         scores: optional (T, 17) per-frame scores (e.g. probabilities). Each event then gets a ``"score"``:
-            the mean of ``scores`` over its frames and its labels (for a multi-label event, the mean over
-            all its (frame, label) cells). The decoder uses it to order events; :func:`to_challenge_format`
-            and :func:`~monai_vce.metrics.save_events` drop it when writing.
+            the mean over its labels of each label's mean score over its frames (:func:`run_confidence` with
+            ranking ``"mean"``). :func:`to_challenge_format` and :func:`~monai_vce.events.save_events` drop it
+            when writing.
 
     Returns:
         Events ``{"start": int, "end": int, "label": [names]}`` (plus ``"score"``), ordered by start frame
@@ -90,51 +206,15 @@ def frames_to_events(
     if mode not in COMPOSITIONS:
         raise ValueError(f"mode must be one of {COMPOSITIONS}, got {mode!r}")
     active, frame_ids, scores = _check_frames(active, frame_ids, scores)
-    n = active.shape[0]
-    if n == 0:
+    if active.shape[0] == 0:
         return []
-    csum = None
+    start, stop, member = compose_runs(active, mode)
+    score = None
     if scores is not None:
-        csum = np.zeros((n + 1, NUM_LABELS))
+        csum = np.zeros((active.shape[0] + 1, NUM_LABELS))
         np.cumsum(scores, axis=0, out=csum[1:])
-    if mode == "label_set":
-        codes = active.astype(np.int64) @ _BITS  # the label set of each frame as one integer
-        first = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
-        last = np.r_[first[1:] - 1, n - 1]
-        keep = codes[first] != 0
-        first, last, run_codes = first[keep], last[keep], codes[first[keep]]
-        uniq, inverse = np.unique(run_codes, return_inverse=True)
-        names = [_names(int(c)) for c in uniq]
-        starts, ends = frame_ids[first].tolist(), frame_ids[last].tolist()
-        if csum is None:
-            return [{"start": s, "end": e, "label": list(names[u])} for s, e, u in zip(starts, ends, inverse.tolist())]
-        mask = ((run_codes[:, None] & _BITS[None, :]) != 0).astype(np.float64)
-        sums = ((csum[last + 1] - csum[first]) * mask).sum(axis=1)
-        mean = sums / ((last - first + 1) * mask.sum(axis=1))
-        return [
-            {"start": s, "end": e, "label": list(names[u]), "score": sc}
-            for s, e, u, sc in zip(starts, ends, inverse.tolist(), mean.tolist())
-        ]
-    # per_label: rising and falling edges of every label at once
-    padded = np.zeros((n + 2, NUM_LABELS), dtype=np.int8)
-    padded[1:-1] = active
-    edges = np.diff(padded, axis=0)
-    rise_t, rise_l = np.nonzero(edges == 1)
-    fall_t, fall_l = np.nonzero(edges == -1)
-    # nonzero is row-major; reorder both by (label, time) so that rises and falls pair up
-    r = np.lexsort((rise_t, rise_l))
-    f = np.lexsort((fall_t, fall_l))
-    first, lab, last = rise_t[r], rise_l[r], fall_t[f] - 1
-    order = np.lexsort((lab, frame_ids[first]))
-    first, lab, last = first[order], lab[order], last[order]
-    starts, ends = frame_ids[first].tolist(), frame_ids[last].tolist()
-    if csum is None:
-        return [{"start": s, "end": e, "label": [LABELS[l]]} for s, e, l in zip(starts, ends, lab.tolist())]
-    mean = (csum[last + 1, lab] - csum[first, lab]) / (last - first + 1)
-    return [
-        {"start": s, "end": e, "label": [LABELS[l]], "score": sc}
-        for s, e, l, sc in zip(starts, ends, lab.tolist(), mean.tolist())
-    ]
+        score = run_confidence(csum, start, stop, member, "mean")
+    return runs_to_events(frame_ids, start, stop, member, score)
 
 
 def events_to_frames(events: Iterable[Mapping[str, Any]], frame_ids: np.ndarray) -> np.ndarray:

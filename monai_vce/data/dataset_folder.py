@@ -1,0 +1,82 @@
+"""Datalists of a dataset folder, as the bundle's ``--dataset_dir`` names it.
+
+A training folder holds ``frames/``, ``labels/`` and, optionally, ``metadata.csv`` (the Galar layout, see
+:mod:`monai_vce.data.galar`); an inference folder holds video folders (with or without ``frames/``), or the
+dataset is a datalist JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import cast
+
+from monai_vce.data.galar import build_galar_datalist, build_ground_truth, build_inference_datalist
+from monai_vce.events.units import FrameUnits
+
+__all__ = ["check_folder", "galar_datalist", "galar_ground_truth", "inference_datalist"]
+
+PathLike = str | os.PathLike
+
+
+def check_folder(path: PathLike, what: str = "dataset folder") -> str:
+    """Return ``path`` as a string, or raise ``FileNotFoundError`` naming it and the config key to change."""
+    if not Path(path).is_dir():
+        raise FileNotFoundError(
+            f"{what} {path} not found; pass the right one on the command line, e.g. --dataset_dir /data/galar "
+            f"(or use the demo: --config_file \"['bundle/configs/train.json','bundle/configs/demo.json']\")"
+        )
+    return str(path)
+
+
+def galar_datalist(dataset_dir: PathLike, videos: Iterable[str] | None = None) -> list[dict]:
+    """Labelled frame datalist of a Galar-layout folder (``frames/``, ``labels/``, optional ``metadata.csv``).
+
+    Args:
+        dataset_dir: the folder holding ``frames/<video_id>/*.PNG`` and ``labels/<video_id>.csv``.
+        videos: video ids to keep (``None``: all with both frames and labels).
+    """
+    root = Path(check_folder(dataset_dir))
+    meta = root / "metadata.csv"
+    datalist = build_galar_datalist(
+        root / "frames", root / "labels", metadata_csv=meta if meta.is_file() else None, videos=videos
+    )
+    return cast(list[dict], datalist)
+
+
+def galar_ground_truth(
+    dataset_dir: PathLike, videos: Iterable[str] | None = None, frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX
+) -> dict:
+    """The ground truth the challenge scores for videos of a Galar-layout folder: all rows of ``labels/*.csv``
+    (:func:`monai_vce.data.build_ground_truth`), not only the rows whose frame image exists.
+
+    Args:
+        dataset_dir: the folder holding ``labels/<video_id>.csv``.
+        videos: video ids to include (``None``: every CSV).
+        frame_units: ``"frame_index"`` or ``"frame_number"``.
+    """
+    root = Path(check_folder(dataset_dir))
+    return build_ground_truth(root / "labels", videos=videos, frame_units=frame_units)
+
+
+def inference_datalist(dataset_dir: PathLike, videos: Iterable[str] | None = None) -> list[dict]:
+    """Unlabelled frame datalist of a folder of videos (``<dir>/frames/<video_id>/`` or ``<dir>/<video_id>/``).
+
+    A datalist JSON file (a list of frame dicts, or ``{"testing": [...]}``) is also accepted in place of the
+    folder.
+    """
+    path = Path(dataset_dir)
+    if path.is_file() and path.suffix.lower() == ".json":
+        data = json.loads(path.read_text())
+        if isinstance(data, Mapping):
+            data = data.get("testing", data.get("validation", data.get("data")))
+        if not isinstance(data, list) or not all(isinstance(d, Mapping) and "image" in d for d in data):
+            raise ValueError(f"datalist file {path}: expected a list of frame dicts with an 'image' key")
+        keep = None if videos is None else {str(v) for v in videos}
+        return [dict(d) for d in data if keep is None or str(d.get("video_id")) in keep]
+    root = Path(check_folder(path, "input folder"))
+    frames = root / "frames" if (root / "frames").is_dir() else root
+    meta = root / "metadata.csv"
+    return build_inference_datalist(frames, videos=videos, metadata_csv=meta if meta.is_file() else None)

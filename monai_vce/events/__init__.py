@@ -1,0 +1,101 @@
+"""Events and their files: the bottom floor every other package builds on.
+
+- :mod:`~monai_vce.events.units`: :class:`FrameUnits`, the two frame ids of a frame (``frame_index``,
+  ``frame_number``);
+- :mod:`~monai_vce.events.runs`: the one run-finding kernel and the gap rule of events;
+- :mod:`~monai_vce.events.composition`: per-frame label activity <-> events, and the confidence of events;
+- :mod:`~monai_vce.events.ground_truth`: the one ground-truth builder (the challenge's rule, from label rows);
+- :mod:`~monai_vce.events.validation`: validation, reading and writing of event JSON files;
+- :mod:`~monai_vce.events.probabilities`: the per-video probability files ``<video_id>.npz`` and the resume
+  of an interrupted inference.
+
+Importing this package loads numpy only (no torch, MONAI or ignite); it imports nothing of the package but
+:mod:`monai_vce.labels` and :mod:`monai_vce.utils`.
+"""
+
+from __future__ import annotations
+
+from .composition import (
+    COMPOSITIONS,
+    RANKINGS,
+    compose_runs,
+    confidence_order,
+    event_json,
+    events_to_frames,
+    frames_to_events,
+    label_codes,
+    run_confidence,
+    runs_to_events,
+)
+from .ground_truth import ground_truth_events
+from .probabilities import (
+    PROBS_SUFFIX,
+    VideoArrays,
+    completed_videos,
+    load_video_probs,
+    model_fingerprint,
+    npz_frame_count,
+    npz_record,
+    pending_frames,
+    probability_file,
+    probability_files,
+    save_video_probs,
+    video_file_name,
+)
+from .runs import run_bounds, run_spans, value_runs
+from .units import FrameUnits, as_frame_units
+from .validation import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_EVENTS,
+    EVENT_KEYS,
+    check_events,
+    load_events,
+    save_events,
+    to_challenge_format,
+    validate_events,
+)
+
+__all__ = [
+    # frame units
+    "FrameUnits",
+    "as_frame_units",
+    # runs and the gap rule
+    "run_bounds",
+    "value_runs",
+    "run_spans",
+    # composition
+    "COMPOSITIONS",
+    "RANKINGS",
+    "label_codes",
+    "compose_runs",
+    "run_confidence",
+    "confidence_order",
+    "runs_to_events",
+    "frames_to_events",
+    "events_to_frames",
+    "event_json",
+    # ground truth
+    "ground_truth_events",
+    # event JSON
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_EVENTS",
+    "EVENT_KEYS",
+    "validate_events",
+    "check_events",
+    "load_events",
+    "save_events",
+    "to_challenge_format",
+    # probability files
+    "PROBS_SUFFIX",
+    "VideoArrays",
+    "video_file_name",
+    "probability_file",
+    "probability_files",
+    "save_video_probs",
+    "load_video_probs",
+    "npz_frame_count",
+    "npz_record",
+    "model_fingerprint",
+    "completed_videos",
+    "pending_frames",
+]

@@ -1,0 +1,55 @@
+"""Frame units: which frame id of a datalist item events count in.
+
+A Galar frame has two ids (see :mod:`monai_vce.data.galar`): ``frame_index``, the label CSV's ``index`` column
+(the units of the challenge's ground truth), and ``frame_number``, the number in the image file name. The two
+differ in some videos (video 1: index 20 is frame 100). :class:`FrameUnits` names them by the datalist keys
+that hold them, so ``item[units]`` is the id of an item in those units.
+"""
+
+from __future__ import annotations
+
+import warnings
+from enum import Enum
+
+__all__ = ["FrameUnits", "as_frame_units"]
+
+
+class FrameUnits(str, Enum):
+    """The units of frame ids in events, decoder parameters and reports; the values are datalist keys."""
+
+    FRAME_INDEX = "frame_index"
+    FRAME_NUMBER = "frame_number"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: Values accepted for one release, with a ``DeprecationWarning``, and what they mean now.
+_DEPRECATED = {"index": FrameUnits.FRAME_INDEX}
+
+
+def as_frame_units(value: FrameUnits | str, name: str = "frame_units") -> FrameUnits:
+    """Return ``value`` as a :class:`FrameUnits`.
+
+    Args:
+        value: a :class:`FrameUnits` or its value (``"frame_index"``, ``"frame_number"``). The former value
+            ``"index"`` still means ``"frame_index"`` for one release, with a ``DeprecationWarning``.
+        name: the argument or key named in messages.
+
+    Raises:
+        ValueError: an unknown value (the message names ``name`` and the accepted values).
+    """
+    if isinstance(value, FrameUnits):
+        return value
+    if isinstance(value, str) and value in _DEPRECATED:
+        new = _DEPRECATED[value]
+        warnings.warn(
+            f"{name}={value!r} is deprecated and will be removed in the next release; use {new.value!r}",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return new
+    try:
+        return FrameUnits(value)
+    except ValueError:
+        raise ValueError(f"{name} must be one of {[u.value for u in FrameUnits]}, got {value!r}") from None

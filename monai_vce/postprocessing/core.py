@@ -1,0 +1,120 @@
+"""The decoder's kernels, written once and called by both :class:`~monai_vce.postprocessing.EventDecoder` and
+:func:`~monai_vce.postprocessing.tune_decoder`.
+
+The decoder runs them on the 17 columns of a video at once; the tuner on ``K`` candidate columns of one label
+(one per candidate parameter value). Both therefore decode, gate and rank exactly alike:
+
+1. :func:`decode_columns`: the chain (:data:`~monai_vce.postprocessing.chain.CHAIN_STEPS`) and the anatomy step
+   (sections replaced by the Viterbi decode, landmarks kept near a decoded boundary crossing, pathologies
+   inside their plausible sections);
+2. :func:`~monai_vce.postprocessing.gating.column_presence`: presence gating of each decoded column;
+3. composition and confidence order with the kernels of :mod:`monai_vce.events.composition`
+   (:func:`~monai_vce.events.composition.compose_runs` / :func:`~monai_vce.events.runs.run_bounds`,
+   :func:`~monai_vce.events.composition.run_confidence`, :func:`~monai_vce.events.composition.confidence_order`
+   and the gap rule of :func:`~monai_vce.events.runs.run_spans`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from monai_vce.labels import LABELS, SECTIONS
+
+from .anatomy import decode_sections, landmark_windows, section_gate
+from .chain import run_chain
+
+__all__ = ["SECTION_COLUMNS", "section_sequence", "section_mask", "decode_columns"]
+
+#: Columns of the sections in :data:`~monai_vce.labels.LABELS`, in gut order.
+SECTION_COLUMNS: np.ndarray = np.array([LABELS.index(s) for s in SECTIONS])
+_SECTION_OF_LABEL = {LABELS.index(s): k for k, s in enumerate(SECTIONS)}
+
+
+def section_sequence(
+    probs: np.ndarray, anatomy: Mapping[str, Any], allowed: np.ndarray | None = None
+) -> np.ndarray | None:
+    """Viterbi-decoded ``(T,)`` section indices of a video (positions in ``SECTIONS``, ``-1`` for lead-in frames).
+
+    Args:
+        probs: ``(T, 17)`` probabilities.
+        anatomy: the ``anatomy`` parameters (emission weight and costs).
+        allowed: ``(5,)`` booleans, the sections that may be decoded; all when ``None``.
+
+    Returns:
+        The sections, or ``None`` when no section is allowed.
+    """
+    allowed = np.ones(len(SECTIONS), bool) if allowed is None else np.asarray(allowed, dtype=bool)
+    if not allowed.any():
+        return None
+    return decode_sections(
+        probs[:, SECTION_COLUMNS],
+        anatomy["emission_weight"],
+        anatomy["switch_cost"],
+        anatomy["skip_cost"],
+        anatomy["backward_cost"],
+        anatomy["entry_cost"],
+        allowed=allowed,
+    )
+
+
+def section_mask(sections: np.ndarray | None, num_frames: int) -> np.ndarray:
+    """``(T, 5)`` one-hot mask of decoded sections (lead-in frames and ``None`` carry no section)."""
+    out = np.zeros((num_frames, len(SECTIONS)), dtype=bool)
+    if sections is not None:
+        rows = np.flatnonzero(sections >= 0)
+        out[rows, sections[rows]] = True
+    return out
+
+
+def decode_columns(
+    probs: np.ndarray,
+    labels: Sequence[int] | np.ndarray,
+    values: Mapping[str, np.ndarray],
+    order: Sequence[str],
+    anatomy: Mapping[str, Any] | None = None,
+    sections: np.ndarray | None = None,
+) -> np.ndarray:
+    """Decode ``K`` columns: the chain, then the anatomy step (presence gating is :func:`column_presence`).
+
+    Args:
+        probs: ``(T, 17)`` probabilities of one video.
+        labels: ``(K,)`` the label (column of ``probs``) each decoded column belongs to.
+        values: per-column values (``(K,)`` arrays) of the chain parameters, keyed by parameter name.
+        order: the chain's steps in order.
+        anatomy: the ``anatomy`` parameters when anatomy decoding is on, else ``None``.
+        sections: the video's decoded sections (:func:`section_sequence`), used when ``anatomy`` is given.
+
+    Returns:
+        ``(T, K)`` boolean columns.
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    T, K = probs.shape[0], labels.size
+    out = np.zeros((T, K), dtype=bool)
+    is_section = np.zeros(K, dtype=bool)
+    if anatomy is not None:
+        is_section = np.isin(labels, SECTION_COLUMNS)
+    chained = np.flatnonzero(~is_section)
+    if chained.size:
+        per = {name: np.asarray(v)[chained] for name, v in values.items()}
+        out[:, chained] = run_chain(probs[:, labels[chained]], per, order)
+    if anatomy is None:
+        return out
+    # sections: the Viterbi decode claims every frame (a section gated out later still claims its frames)
+    if is_section.any() and sections is not None:
+        for k in np.flatnonzero(is_section):
+            out[:, k] = sections == _SECTION_OF_LABEL[int(labels[k])]
+    if sections is None:
+        return out
+    names = [LABELS[int(c)] for c in labels]
+    windows = None
+    for col, name in enumerate(names):
+        if anatomy["gate_landmarks"] and name in anatomy["landmark_window"]:
+            if windows is None:
+                windows = landmark_windows(sections, anatomy["landmark_window"])
+            out[:, col] &= windows[name]
+        if name in anatomy["pathology_sections"]:
+            out[:, col] &= section_gate(sections, anatomy["pathology_sections"][name])
+    return out
