@@ -178,9 +178,13 @@ class MultiStageTCN(nn.Module):
         if self.residual:
             self.skip_scale = nn.Parameter(torch.ones(out_channels))
             self.skip_bias = nn.Parameter(torch.zeros(out_channels))
-            for stage in self.stages:
+            for stage in self._stage_list():
                 nn.init.zeros_(stage.conv_out.weight)
-                nn.init.zeros_(stage.conv_out.bias)
+                if stage.conv_out.bias is not None:
+                    nn.init.zeros_(stage.conv_out.bias)
+
+    def _stage_list(self) -> list[SingleStageTCN]:
+        return [s for s in self.stages if isinstance(s, SingleStageTCN)]
 
     def init_skip(self, scale: torch.Tensor, bias: torch.Tensor) -> None:
         """Set the first stage's per-label affine skip (``residual=True``), e.g. to undo the standardisation of
@@ -194,7 +198,7 @@ class MultiStageTCN(nn.Module):
     @property
     def context(self) -> int:
         """Frames on each side of a frame that its output depends on (the half receptive field of all stages)."""
-        return sum(stage.context for stage in self.stages)
+        return sum(stage.context for stage in self._stage_list())
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """

@@ -116,7 +116,7 @@ class TemporalRefiner(nn.Module):
         passthrough: labels whose input probabilities :meth:`refine` returns unchanged (for labels the decoder
             already models better than a refiner trained on few videos can, e.g. the five sections, which the
             decoder's Viterbi decoding places along the gut order); the refiner still reads them as inputs.
-        chunk_size: frames per chunk of :meth:`refine` (``None``: whole videos at once).
+        chunk_size: frames per chunk of :meth:`refine` (``None`` or 0: whole videos at once).
 
     Example::
 
@@ -138,8 +138,8 @@ class TemporalRefiner(nn.Module):
         in_channels = input_channels(inputs, feature_dim, position)
         if not 0.0 < prob_floor < 0.5:
             raise ValueError(f"prob_floor must be in (0, 0.5), got {prob_floor}")
-        if chunk_size is not None and int(chunk_size) < 1:
-            raise ValueError(f"chunk_size must be >= 1 or None, got {chunk_size}")
+        if chunk_size is not None and int(chunk_size) < 0:
+            raise ValueError(f"chunk_size must be >= 0 or None, got {chunk_size}")
         self.inputs = inputs
         self.feature_dim = int(feature_dim) if inputs != "probs" else 0
         self.prob_floor = float(prob_floor)
@@ -155,6 +155,8 @@ class TemporalRefiner(nn.Module):
             self.network = network
         else:
             self.network = _build_network(dict(network or {}), in_channels, inputs)
+        self.input_mean: torch.Tensor
+        self.input_std: torch.Tensor
         self.register_buffer("input_mean", torch.zeros(in_channels))
         self.register_buffer("input_std", torch.ones(in_channels))
         #: what the refiner was fitted on (video ids, settings, losses); saved with it
@@ -242,12 +244,12 @@ class TemporalRefiner(nn.Module):
         A network with an ``init_skip(scale, bias)`` method (the residual :class:`MultiStageTCN`) gets the inverse
         map of the probability channels, so that before training it returns the frame model's logits unchanged.
         """
-        mean = torch.as_tensor(np.asarray(mean, dtype=np.float32))
-        std = torch.as_tensor(np.asarray(std, dtype=np.float32))
-        if mean.shape != self.input_mean.shape or std.shape != self.input_std.shape:
+        mean_t = torch.as_tensor(np.asarray(mean, dtype=np.float32))
+        std_t = torch.as_tensor(np.asarray(std, dtype=np.float32))
+        if mean_t.shape != self.input_mean.shape or std_t.shape != self.input_std.shape:
             raise ValueError(f"input statistics must have shape ({self.in_channels},)")
-        self.input_mean.copy_(mean)
-        self.input_std.copy_(torch.clamp(std, min=1e-6))
+        self.input_mean.copy_(mean_t)
+        self.input_std.copy_(torch.clamp(std_t, min=1e-6))
         init_skip = getattr(self.network, "init_skip", None)
         if callable(init_skip) and self.inputs != "features":
             init_skip(self.input_std[:NUM_LABELS].clone(), self.input_mean[:NUM_LABELS].clone())
@@ -275,13 +277,13 @@ class TemporalRefiner(nn.Module):
 
         Args:
             x: ``(C_in, T)`` raw inputs.
-            chunk_size: frames per chunk (default :attr:`chunk_size`; ``None`` or a network without a declared
-                ``context``: the whole video at once).
+            chunk_size: frames per chunk (default :attr:`chunk_size`); 0, or a network without a declared
+                ``context``: the whole video at once.
         """
         chunk = self.chunk_size if chunk_size is None else int(chunk_size)
         ctx = self.context
         T = int(x.shape[-1])
-        if chunk is None or ctx is None or chunk >= T:
+        if not chunk or ctx is None or chunk >= T:
             return self(x[None])[-1, 0]
         out = x.new_empty((NUM_LABELS, T))
         for start in range(0, T, chunk):
@@ -299,7 +301,8 @@ class TemporalRefiner(nn.Module):
             probs: ``(T, 17)`` frame probabilities in :data:`~monai_vce.labels.LABELS` order (may be ``None`` for
                 ``inputs="features"``).
             features: ``(T, D)`` frame features (for ``inputs="features"`` / ``"both"``).
-            chunk_size: frames per chunk (default :attr:`chunk_size`); the result does not depend on it.
+            chunk_size: frames per chunk (default :attr:`chunk_size`; 0: the whole video at once); the result
+                does not depend on it.
 
         Returns:
             ``(T, 17)`` float32 refined probabilities.

@@ -237,7 +237,7 @@ def fit_refiner(
     sampling_exponent: float = 0.5,
     batch_size: int = 6,
     steps: int = 200,
-    learning_rate: float = 2e-3,
+    learning_rate: float = 1e-2,
     weight_decay: float = 1e-4,
     warmup_fraction: float = 0.05,
     loss: Mapping[str, Any] | nn.Module | None = None,
