@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from monai_vce.labels import LABELS, NUM_LABELS, SECTIONS
+from monai_vce.postprocessing import DecoderParams
 from monai_vce.temporal import (
     LeakageError,
     MultiStageTCN,
@@ -19,6 +20,7 @@ from monai_vce.temporal import (
     fit_refiner,
     fold_provenance,
     kfold_videos,
+    select_pipeline,
 )
 
 TINY = {"stages": 2, "layers": 5, "channels": 8, "dropout": 0.0}
@@ -298,3 +300,16 @@ def test_fit_with_features_and_passthrough(tmp_path):
     np.testing.assert_array_equal(loaded.refine(probs, feats), out)
     with pytest.raises(ValueError, match="features"):
         fit_refiner({k: v[:3] for k, v in videos.items()}, "features", network=TINY, steps=1)
+
+
+def test_select_pipeline_keeps_the_baseline_unless_beaten():
+    def tuned(objective: float) -> DecoderParams:
+        data = DecoderParams().to_dict()
+        data["fit"] = {"objective": objective}
+        return DecoderParams(data)
+
+    assert select_pipeline({"decoder": tuned(0.50), "refiner": tuned(0.52)}, baseline="decoder") == "refiner"
+    assert select_pipeline({"decoder": tuned(0.50), "refiner": tuned(0.49)}, baseline="decoder") == "decoder"
+    assert select_pipeline({"decoder": tuned(0.50), "refiner": tuned(0.505)}, "decoder", margin=0.01) == "decoder"
+    with pytest.raises(ValueError, match="objective"):
+        select_pipeline({"decoder": DecoderParams(), "refiner": tuned(0.5)})

@@ -6,15 +6,19 @@ filters only smooth. :class:`TemporalRefiner` (a multi-stage temporal convolutio
 :mod:`~monai_vce.temporal.networks`) maps a video's ``(T, 17)`` frame probabilities and/or ``(T, D)`` frame
 features to refined ``(T, 17)`` probabilities, which the usual decoder turns into events.
 
-Typical use (the leakage-free protocol of :mod:`~monai_vce.temporal.protocol`)::
+Typical use (the leakage-free protocol of :mod:`~monai_vce.temporal.protocol`), on the validation videos' frame
+outputs (honest: the frame model never trained on them)::
 
-    from monai_vce.temporal import cross_fit_refiner
     from monai_vce.postprocessing import tune_decoder
+    from monai_vce.temporal import cross_fit_refiner, select_pipeline
 
-    fit = cross_fit_refiner(val_videos, folds=5)            # {video_id: (probs, frame_ids, gt_events)}
-    decoder = tune_decoder(fit.tuning_videos(val_videos))   # tuned on out-of-fold refined probabilities
-    fit.refiner.save("refiner.pt")
-    refined = fit.refiner.refine(test_probs)                # then EventDecoder(decoder)(refined, frame_ids)
+    # val = {video_id: (probs, frame_ids, gt_events)}; train_ids = the frame model's training videos
+    fit = cross_fit_refiner(val, folds=2, trained_on=train_ids)  # out-of-fold refined probs + final refiner
+    plain = tune_decoder(val)                                     # the decoder on the frame outputs alone
+    temporal = tune_decoder(fit.tuning_videos(val))               # the decoder on out-of-fold refined probs
+    if select_pipeline({"frame": plain, "temporal": temporal}, baseline="frame") == "temporal":
+        fit.refiner.save("refiner.pt")
+        refined = fit.refiner.refine(test_probs)                  # then EventDecoder(temporal)(refined, frame_ids)
 
 Command line: ``python -m monai_vce.temporal fit|refine ...`` (see :mod:`~monai_vce.temporal.__main__`).
 """

@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--crop-length", type=int, default=2048, help="frames per training crop (default 2048)")
     f.add_argument("--batch-size", type=int, default=6, help="crops per step (default 6)")
     f.add_argument("--learning-rate", type=float, default=1e-2, help="peak learning rate (default 1e-2)")
-    f.add_argument("--smoothness", type=float, default=0.15, help="weight of the smoothness term (default 0.15)")
+    f.add_argument("--smoothness", type=float, default=0.0, help="weight of the smoothness term (default 0: off)")
     f.add_argument("--position", action="store_true", help="give the refiner each frame's position in the video")
     f.add_argument(
         "--passthrough", nargs="+", default=[], metavar="LABEL", help="labels returned unchanged (e.g. the sections)"
