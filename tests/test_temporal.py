@@ -309,7 +309,8 @@ def test_select_pipeline_keeps_the_baseline_unless_beaten():
         return DecoderParams(data)
 
     assert select_pipeline({"decoder": tuned(0.50), "refiner": tuned(0.52)}, baseline="decoder") == "refiner"
+    assert select_pipeline({"decoder": tuned(0.50), "refiner": tuned(0.505)}, baseline="decoder") == "decoder"
     assert select_pipeline({"decoder": tuned(0.50), "refiner": tuned(0.49)}, baseline="decoder") == "decoder"
-    assert select_pipeline({"decoder": tuned(0.50), "refiner": tuned(0.505)}, "decoder", margin=0.01) == "decoder"
+    assert select_pipeline({"decoder": tuned(0.50), "refiner": tuned(0.505)}, "decoder", margin=0.0) == "refiner"
     with pytest.raises(ValueError, match="objective"):
         select_pipeline({"decoder": DecoderParams(), "refiner": tuned(0.5)})

@@ -227,7 +227,7 @@ def cross_fit_refiner(
     return CrossFitResult({v: refined[v] for v in ids}, final_refiner, fold_refiners, assignment)
 
 
-def select_pipeline(candidates: Mapping[str, Any], baseline: str | None = None, margin: float = 0.0) -> str:
+def select_pipeline(candidates: Mapping[str, Any], baseline: str | None = None, margin: float = 0.01) -> str:
     """Choose among pipelines by the tuning objective of their decoders.
 
     Each candidate is the :class:`~monai_vce.postprocessing.DecoderParams` (or its dict) that
@@ -239,7 +239,9 @@ def select_pipeline(candidates: Mapping[str, Any], baseline: str | None = None, 
     Args:
         candidates: tuned decoder parameters per pipeline name.
         baseline: the pipeline kept unless another beats it by more than ``margin`` (e.g. the frame outputs alone).
-        margin: objective (mean AP) another pipeline must gain over ``baseline``.
+        margin: objective (mean AP) another pipeline must gain over ``baseline``. The objectives are in-sample
+            scores of the tuning, so a lead of a few thousandths is noise: on 40 simulated Galar videos, leads of
+            0.0002 and 0.0017 came with held-out differences of -0.001 and +0.014 mAP@0.5.
 
     Returns:
         The chosen pipeline's name.

@@ -282,9 +282,10 @@ def fit_refiner(
         loss: classification loss: arguments of :class:`~monai_vce.losses.AsymmetricFocalLoss` (default:
             :data:`~monai_vce.temporal.losses.REFINER_LOSS_DEFAULTS`, calibrated probabilities) or a module (see :class:`~monai_vce.temporal.losses.TemporalRefinementLoss`).
         smoothness: weight of MS-TCN's truncated smoothness term (MS-TCN uses 0.15). Off by default: the
-            challenge's ground truth splits a finding's run at every change of the label set, and on simulated
-            Galar probabilities the term merged such fragments (held-out mAP@0.5 0.5619 with 0.15 against
-            0.5857 without, ``low`` noise).
+            challenge's ground truth splits a finding's run at every change of the label set, which the term
+            works against, and on simulated Galar probabilities it did not help consistently (held-out
+            mAP@0.5 with the sections passed through: 0.5619 with 0.15 against 0.5857 without at ``low`` noise,
+            0.5316 against 0.5168 at ``medium``).
         class_weight: per-label weights of the classification loss, as for the frame model.
         val_videos: optional videos (same tuples) scored every ``val_every`` steps; the weights with the lowest
             validation loss are kept (otherwise the last ones).
