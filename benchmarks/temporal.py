@@ -1,0 +1,266 @@
+"""Temporal refiner benchmark on the real Galar timelines with simulated frame probabilities.
+
+For each noise level (:data:`monai_vce.postprocessing.NOISE_LEVELS`, plus ``shifted``, a noise model defined
+here that the refiner's settings were never chosen on), frame probabilities are simulated from the ground truth
+of the 80 Galar videos, the videos are split into 40 fitting and 40 held-out videos (a seeded shuffle; ``--seed``
+changes the split and the simulation draw), and two pipelines are scored on the held-out videos with
+:func:`monai_vce.metrics.temporal_map`, side by side:
+
+- ``decoder``: :func:`monai_vce.postprocessing.tune_decoder` fitted on the 40 fitting videos' probabilities;
+- ``refiner + decoder``: :func:`monai_vce.temporal.cross_fit_refiner` on the 40 fitting videos (``--folds``
+  folds: each fold's videos are refined by a refiner fitted on the other folds), ``tune_decoder`` fitted on
+  those out-of-fold refined probabilities (never on a refiner's own training videos), and the final refiner
+  (fitted on all 40) followed by that decoder on the held-out videos;
+- ``refiner (sections passed through) + decoder``: the same refiners with the five sections' probabilities
+  passed through unchanged (``passthrough``), the decoder tuned on those out-of-fold probabilities;
+- ``selected``: the pipeline :func:`monai_vce.temporal.select_pipeline` picks from the three by their decoders'
+  tuning objectives on the fitting videos (the decoder alone unless a refiner pipeline leads by more than the
+  default margin, 0.01), scored on the held-out videos: what a user gets who lets the product decide.
+
+``--ceiling`` scores what a perfect refiner of some labels could give at most: the held-out ground truth of
+those labels alone, composed into label-set events (all other labels left out, as a decoder that abstains).
+``--fit-all`` instead fits one refiner on all 80 videos (``medium``) and reports its wall time and the peak
+memory of the process; ``--speed`` times :meth:`TemporalRefiner.refine` of one 130,000-frame video on one CPU
+thread.
+
+Usage (from the repository root)::
+
+    python benchmarks/temporal.py                       # low, medium, high, shifted; 40 / 40 split
+    python benchmarks/temporal.py --seed 1              # another split and simulation draw
+    python benchmarks/temporal.py --levels medium --quick   # 16 videos, 2 folds, short fits: a smoke test
+    python benchmarks/temporal.py --ceiling
+    python benchmarks/temporal.py --fit-all
+    python benchmarks/temporal.py --speed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from monai_vce.labels import LABELS, SECTIONS
+from monai_vce.metrics import temporal_map
+from monai_vce.postprocessing import (
+    NOISE_LEVELS,
+    EventDecoder,
+    decode_videos,
+    events_to_frames,
+    simulate_probabilities,
+    tune_decoder,
+)
+from monai_vce.temporal import TemporalRefiner, cross_fit_refiner, fit_refiner, select_pipeline
+
+GALAR = Path(__file__).resolve().parents[2] / "shared" / "data" / "galar_events.json"
+
+#: A noise model between ``medium`` and ``high`` with a different temporal structure (shorter correlation,
+#: longer false-positive bursts, more flicker), never used to choose the refiner's settings.
+SHIFTED: dict[str, float] = {
+    "margin_scale": 0.9,
+    "sigma": 1.4,
+    "rho": 0.8,
+    "flicker": 0.05,
+    "miss_prob": 0.3,
+    "miss_length": 12,
+    "fp_rate": 4.0,
+    "fp_length": 20.0,
+}
+LEVELS: dict[str, Any] = {**NOISE_LEVELS, "shifted": SHIFTED}
+
+
+def _simulate(videos: list[dict], level: str, seed: int) -> dict[str, tuple]:
+    sim = {}
+    for j, v in enumerate(videos):
+        events = v["events"]
+        ids = np.arange(max(e["end"] for e in events) + 1)
+        sim[v["video_id"]] = (
+            simulate_probabilities(events_to_frames(events, ids), LEVELS[level], seed=np.random.default_rng([seed, j])),
+            ids,
+            events,
+        )
+    return sim
+
+
+def _score(gt: dict, decoded: dict) -> tuple[float, float]:
+    res = temporal_map(gt, decoded)
+    return res["mAP@0.5"], res["mAP@0.95"]
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def run_levels(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
+    videos = json.loads(Path(args.gt).read_text())["videos"]
+    order = np.random.default_rng(args.seed).permutation(len(videos))
+    n_fit = args.fit_videos
+    if args.quick:
+        order, n_fit = order[:16], 8
+    videos = [videos[i] for i in order]
+    fit_ids = [v["video_id"] for v in videos[:n_fit]]
+    test_ids = [v["video_id"] for v in videos[n_fit:]]
+    by_id = {v["video_id"]: v for v in videos}
+    gt_test = {"videos": [by_id[k] for k in test_ids]}
+    print(f"{len(fit_ids)} fitting videos, {len(test_ids)} held-out videos, {args.folds} folds, seed {args.seed}")
+    print(f"refiner settings: {json.dumps(fit_kwargs)}", flush=True)
+    sections = [LABELS.index(n) for n in SECTIONS]
+
+    def passthrough(refined: np.ndarray, probs: np.ndarray) -> np.ndarray:
+        out = refined.copy()
+        out[:, sections] = probs[:, sections]
+        return out
+
+    rows = []
+    for level in args.levels:
+        sim = _simulate(videos, level, args.seed)
+        fit = {k: sim[k] for k in fit_ids}
+        inputs: dict[str, dict[str, tuple]] = {"decoder": fit}
+        test_probs: dict[str, dict[str, np.ndarray]] = {"decoder": {k: sim[k][0] for k in test_ids}}
+
+        t0 = time.perf_counter()
+        cross = cross_fit_refiner(fit, folds=args.folds, seed=args.seed, **fit_kwargs)
+        t_fit = time.perf_counter() - t0
+        assert cross.refiner is not None
+        refined_test = {k: cross.refiner.refine(sim[k][0]) for k in test_ids}
+        inputs["refiner"] = cross.tuning_videos(fit)
+        test_probs["refiner"] = refined_test
+        inputs["refiner, sections passed"] = {
+            k: (passthrough(cross.refined[k], sim[k][0]), *sim[k][1:]) for k in fit_ids
+        }
+        test_probs["refiner, sections passed"] = {k: passthrough(refined_test[k], sim[k][0]) for k in test_ids}
+
+        tuned, scores, seconds = {}, {}, {}
+        for name in inputs:
+            t0 = time.perf_counter()
+            tuned[name] = tune_decoder(inputs[name], rounds=args.rounds)
+            seconds[name] = time.perf_counter() - t0
+            decoded = decode_videos({k: (test_probs[name][k], sim[k][1]) for k in test_ids}, EventDecoder(tuned[name]))
+            scores[name] = _score(gt_test, decoded)
+        chosen = select_pipeline(tuned, baseline="decoder")
+        for name in inputs:
+            objective = tuned[name]["fit"]["objective"]
+            rows.append((level, name, scores[name], scores["decoder"], objective, seconds[name], t_fit))
+            print(
+                f"[{level}] {name}: {scores[name][0]:.4f} / {scores[name][1]:.4f} (tuning objective {objective:.4f}, "
+                f"tuned in {seconds[name]:.0f} s)",
+                flush=True,
+            )
+        rows.append((level, f"selected ({chosen})", scores[chosen], scores["decoder"], None, 0.0, t_fit))
+        print(f"[{level}] refiner fits (cross-fitting + final): {t_fit:.0f} s; selected: {chosen}", flush=True)
+    print()
+    print("| noise | pipeline | mAP@0.5 | gain | mAP@0.95 | gain | tuning objective | note |")
+    print("|---|---|---|---|---|---|---|---|")
+    for level, name, score, base, objective, _, t_fit in rows:
+        note = f"refiner fits {t_fit:.0f} s" if name == "refiner" else ""
+        obj = "" if objective is None else f"{objective:.4f}"
+        print(
+            f"| {level} | {name} | {score[0]:.4f} | {score[0] - base[0]:+.4f} | {score[1]:.4f} | "
+            f"{score[1] - base[1]:+.4f} | {obj} | {note} |"
+        )
+
+
+def run_ceiling(args: argparse.Namespace) -> None:
+    from monai_vce.postprocessing import frames_to_events
+
+    videos = json.loads(Path(args.gt).read_text())["videos"]
+    order = np.random.default_rng(args.seed).permutation(len(videos))
+    test = [videos[i] for i in order[args.fit_videos :]]
+    gt = {"videos": test}
+    groups = {
+        "nothing (empty submission)": [],
+        "sections": list(SECTIONS),
+        "sections + landmarks": list(LABELS[:8]),
+        "sections + blood": [*SECTIONS, "blood"],
+        "all 17 labels": list(LABELS),
+    }
+    print(f"{len(test)} held-out videos (seed {args.seed}); exact ground truth of the listed labels only")
+    print("| exact labels | mAP@0.5 | mAP@0.95 |")
+    print("|---|---|---|")
+    for name, labels in groups.items():
+        keep = [LABELS.index(n) for n in labels]
+        pred = []
+        for v in test:
+            ids = np.arange(max(e["end"] for e in v["events"]) + 1)
+            truth = events_to_frames(v["events"], ids)
+            mask = np.zeros_like(truth)
+            mask[:, keep] = truth[:, keep]
+            pred.append({"video_id": v["video_id"], "events": frames_to_events(mask, ids)})
+        m5, m95 = _score(gt, {"videos": pred})
+        print(f"| {name} | {m5:.4f} | {m95:.4f} |")
+
+
+def run_fit_all(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
+    videos = json.loads(Path(args.gt).read_text())["videos"]
+    sim = _simulate(videos, "medium", args.seed)
+    frames = sum(len(s[1]) for s in sim.values())
+    before = _peak_rss_mib()
+    t0 = time.perf_counter()
+    refiner = fit_refiner(sim, **fit_kwargs)
+    seconds = time.perf_counter() - t0
+    after = _peak_rss_mib()
+    params = sum(p.numel() for p in refiner.parameters())
+    print(
+        f"fit on {len(sim)} videos ({frames:,} frames), {params:,} parameters, {torch.get_num_threads()} thread(s): "
+        f"{seconds:.0f} s; peak resident memory {after:.0f} MiB (before the fit {before:.0f} MiB, with the "
+        f"simulated probabilities)"
+    )
+
+
+def run_speed(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
+    torch.set_num_threads(1)
+    refiner = TemporalRefiner(network=fit_kwargs.get("network"), position=fit_kwargs.get("position", False))
+    probs = np.random.default_rng(0).random((130_000, 17)).astype(np.float32)
+    before = _peak_rss_mib()
+    for chunk in (refiner.chunk_size, 0):
+        refiner.refine(probs[:5000], chunk_size=chunk)
+        times = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            refiner.refine(probs, chunk_size=chunk)
+            times.append(time.perf_counter() - t0)
+        print(
+            f"refine 130,000 frames, 1 thread, chunk_size {chunk or 'whole video'}: median {np.median(times):.2f} s, "
+            f"min {min(times):.2f} s over {args.repeats} runs; peak resident memory {_peak_rss_mib():.0f} MiB "
+            f"(before refining {before:.0f} MiB)"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gt", default=str(GALAR), help="ground-truth event JSON (index units)")
+    parser.add_argument("--levels", nargs="+", default=list(LEVELS), choices=list(LEVELS), help="noise levels")
+    parser.add_argument("--fit-videos", type=int, default=40, help="videos for fitting; the rest are held out")
+    parser.add_argument("--folds", type=int, default=2, help="cross-fitting folds over the fitting videos")
+    parser.add_argument("--rounds", type=int, default=2, help="coordinate-ascent rounds of the decoder tuning")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--settings", default="{}", help="JSON of fit_refiner arguments overriding the defaults")
+    parser.add_argument("--quick", action="store_true", help="16 videos (8 / 8), short fits: a smoke test")
+    parser.add_argument("--ceiling", action="store_true", help="scores of exact ground truth for some labels")
+    parser.add_argument("--fit-all", action="store_true", help="time and memory of one fit on all 80 videos")
+    parser.add_argument("--speed", action="store_true", help="refine one 130,000-frame video on one thread")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of --speed")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads for fitting")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    fit_kwargs: dict[str, Any] = json.loads(args.settings)
+    if args.quick:
+        fit_kwargs = {"steps": 10, "crop_length": 512, **fit_kwargs}
+        args.folds, args.rounds = 2, 1
+    if args.ceiling:
+        run_ceiling(args)
+    elif args.speed:
+        run_speed(args, fit_kwargs)
+    elif args.fit_all:
+        run_fit_all(args, fit_kwargs)
+    else:
+        run_levels(args, fit_kwargs)
+
+
+if __name__ == "__main__":
+    main()

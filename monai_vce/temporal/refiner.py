@@ -1,0 +1,400 @@
+"""The temporal refiner: a network over a whole video's per-frame inputs, returning refined probabilities.
+
+:class:`TemporalRefiner` is a ``torch.nn.Module`` that wraps a refinement network (by default
+:class:`~monai_vce.temporal.networks.MultiStageTCN`) with what turns per-frame outputs of the frame model into
+network inputs and back:
+
+- **Inputs** (``inputs``): ``"probs"`` (the ``(T, 17)`` frame probabilities, as logits ``log(p / (1 - p))``
+  with ``p`` clipped to ``[prob_floor, 1 - prob_floor]``: the frame model's logit is the natural linear scale
+  of its evidence), ``"features"`` (the ``(T, D)`` pooled image features) or ``"both"`` (concatenated). Each
+  input channel is standardised with the mean and standard deviation of the training frames, stored in the
+  module's buffers.
+- **Whole-video inference** (:meth:`TemporalRefiner.refine`): a video is processed in chunks of
+  ``chunk_size`` frames, each with :func:`~monai_vce.temporal.networks.network_context` frames of overlap on
+  both sides that are computed and thrown away. Since no output depends on frames further away than that,
+  the result equals whole-video inference up to floating point, whatever the chunk size; chunking only bounds
+  memory.
+- **Files** (:meth:`TemporalRefiner.save` / :meth:`TemporalRefiner.load`): one ``torch.save`` file holding the
+  configuration as a JSON string and the state dict, written atomically and read with
+  ``torch.load(weights_only=True)`` (no pickled code is ever executed). The network class is rebuilt from its
+  import path, which must name a ``torch.nn.Module`` subclass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pydoc
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from monai_vce.labels import LABELS, NUM_LABELS
+from monai_vce.utils import atomic_write_bytes
+
+from .losses import as_stages
+from .networks import MultiStageTCN, network_context
+
+__all__ = ["INPUTS", "POSITION_CHANNELS", "FILE_FORMAT", "TemporalRefiner", "input_channels", "position_channels"]
+
+#: The input kinds of a refiner.
+INPUTS: tuple[str, ...] = ("probs", "features", "both")
+#: Input channels added by ``position=True``: relative position, log frames since the start, log frames to the end.
+POSITION_CHANNELS = 3
+#: The ``format`` entry of a saved refiner.
+FILE_FORMAT = "monai_vce.temporal_refiner"
+_FILE_VERSION = 1
+
+PathLike = str | os.PathLike
+
+
+def input_channels(inputs: str, feature_dim: int = 0, position: bool = False) -> int:
+    """Input channels per frame of a refiner: 17 for ``"probs"``, ``D`` for ``"features"``, ``17 + D`` for
+    ``"both"``, plus :data:`POSITION_CHANNELS` with ``position``."""
+    if inputs not in INPUTS:
+        raise ValueError(f"inputs must be one of {INPUTS}, got {inputs!r}")
+    if inputs != "probs" and int(feature_dim) < 1:
+        raise ValueError(f"inputs={inputs!r} needs feature_dim >= 1 (the width D of the features), got {feature_dim}")
+    base = {"probs": NUM_LABELS, "features": int(feature_dim), "both": NUM_LABELS + int(feature_dim)}[inputs]
+    return base + (POSITION_CHANNELS if position else 0)
+
+
+def position_channels(offset: int, rows: int, total: int) -> np.ndarray:
+    """``(3, rows)`` position inputs of the frames ``offset .. offset + rows - 1`` of a ``total``-frame video:
+    relative position ``(t + 0.5) / total``, ``log(1 + t)`` and ``log(total - t)`` (frames since the start and
+    to the end, on a log scale: the mouth lasts tens of frames, the colon thousands)."""
+    t = np.arange(offset, offset + rows, dtype=np.float64)
+    return np.stack([(t + 0.5) / max(total, 1), np.log1p(t), np.log(np.maximum(total - t, 1.0))]).astype(np.float32)
+
+
+def _class_path(obj: nn.Module) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _build_network(spec: Mapping[str, Any], in_channels: int, inputs: str) -> nn.Module:
+    """Build a network from ``{"_target_": import path (default MultiStageTCN), **kwargs}``."""
+    kwargs = {k: v for k, v in spec.items() if k != "_target_"}
+    target = spec.get("_target_", f"{MultiStageTCN.__module__}.{MultiStageTCN.__qualname__}")
+    cls = pydoc.locate(target) if isinstance(target, str) else target
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ValueError(f"network _target_ {target!r} is not a torch.nn.Module class")
+    if cls is MultiStageTCN:
+        # the probabilities come first in the inputs: refine them rather than predict from scratch
+        kwargs.setdefault("residual", inputs != "features")
+    kwargs.setdefault("in_channels", in_channels)
+    kwargs.setdefault("out_channels", NUM_LABELS)
+    if kwargs["in_channels"] != in_channels or kwargs["out_channels"] != NUM_LABELS:
+        raise ValueError(
+            f"network has in_channels={kwargs['in_channels']}, out_channels={kwargs['out_channels']}; "
+            f"the inputs need {in_channels} and {NUM_LABELS}"
+        )
+    return cls(**kwargs)
+
+
+class TemporalRefiner(nn.Module):
+    """Refines a video's per-frame outputs with a temporal network (see the module docstring).
+
+    Args:
+        inputs: ``"probs"``, ``"features"`` or ``"both"``.
+        feature_dim: width ``D`` of the features (needed unless ``inputs="probs"``).
+        network: the refinement network: ``None`` (a :class:`MultiStageTCN` with its defaults), a mapping of
+            its arguments, optionally with a ``"_target_"`` import path of another ``nn.Module`` class (the
+            input and output widths are filled in), or a built module mapping ``(B, C_in, T)`` inputs and an
+            optional ``(B, 1, T)`` mask to ``(B, 17, T)`` or ``(S, B, 17, T)`` logits. A built module is saved
+            by its class path and its ``config`` attribute (its constructor arguments), so it needs one.
+        prob_floor: probabilities are clipped to ``[prob_floor, 1 - prob_floor]`` before the logit.
+        position: add :data:`POSITION_CHANNELS` inputs telling each frame where it lies in the video (a capsule
+            meets the sections in order, so position is evidence; it also tells a video's true start from any
+            other frame).
+        passthrough: labels whose input probabilities :meth:`refine` returns unchanged (for labels the decoder
+            already models better than a refiner trained on few videos can, e.g. the five sections, which the
+            decoder's Viterbi decoding places along the gut order); the refiner still reads them as inputs.
+        chunk_size: frames per chunk of :meth:`refine` (``None`` or 0: whole videos at once).
+
+    Example::
+
+        refiner = TemporalRefiner(inputs="probs", network={"stages": 4, "layers": 10, "channels": 32})
+        refined = refiner.refine(probs)  # (T, 17) -> (T, 17) probabilities
+    """
+
+    def __init__(
+        self,
+        inputs: str = "probs",
+        feature_dim: int = 0,
+        network: nn.Module | Mapping[str, Any] | None = None,
+        prob_floor: float = 1e-4,
+        position: bool = False,
+        passthrough: Sequence[str] = (),
+        chunk_size: int | None = 65536,
+    ) -> None:
+        super().__init__()
+        in_channels = input_channels(inputs, feature_dim, position)
+        if not 0.0 < prob_floor < 0.5:
+            raise ValueError(f"prob_floor must be in (0, 0.5), got {prob_floor}")
+        if chunk_size is not None and int(chunk_size) < 0:
+            raise ValueError(f"chunk_size must be >= 0 or None, got {chunk_size}")
+        self.inputs = inputs
+        self.feature_dim = int(feature_dim) if inputs != "probs" else 0
+        self.prob_floor = float(prob_floor)
+        self.position = bool(position)
+        self.chunk_size = None if chunk_size is None else int(chunk_size)
+        unknown = [n for n in passthrough if n not in LABELS]
+        if unknown:
+            raise ValueError(f"passthrough: unknown label(s) {unknown}; expected names from LABELS")
+        if passthrough and inputs == "features":
+            raise ValueError("passthrough needs probabilities among the inputs (inputs='probs' or 'both')")
+        self.passthrough = [n for n in LABELS if n in set(passthrough)]
+        if isinstance(network, nn.Module):
+            self.network = network
+        else:
+            self.network = _build_network(dict(network or {}), in_channels, inputs)
+        self.input_mean: torch.Tensor
+        self.input_std: torch.Tensor
+        self.register_buffer("input_mean", torch.zeros(in_channels))
+        self.register_buffer("input_std", torch.ones(in_channels))
+        #: what the refiner was fitted on (video ids, settings, losses); saved with it
+        self.fit_info: dict[str, Any] = {}
+
+    @property
+    def in_channels(self) -> int:
+        return int(self.input_mean.numel())
+
+    @property
+    def context(self) -> int | None:
+        """Frames on each side that an output depends on (``None`` when the network does not say)."""
+        return network_context(self.network)
+
+    @property
+    def trained_videos(self) -> list[str]:
+        """Ids of the videos the refiner was fitted on (empty when unknown)."""
+        return [str(v) for v in self.fit_info.get("videos", [])]
+
+    # ------------------------------------------------------------------ inputs
+    def check_inputs(
+        self, probs: np.ndarray | None, features: np.ndarray | None = None, where: str = "video"
+    ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Validate one video's inputs; errors are one line naming ``where``.
+
+        Returns:
+            ``(probs (T, 17) float32 or None, features (T, D) or None)`` as the refiner needs them.
+        """
+        if self.inputs in ("probs", "both"):
+            if probs is None:
+                raise ValueError(f"{where}: the refiner needs probabilities")
+            probs = np.asarray(probs)
+            if probs.ndim != 2 or probs.shape[1] != NUM_LABELS:
+                raise ValueError(f"{where}: expected probabilities of shape (T, {NUM_LABELS}), got {probs.shape}")
+            probs = probs.astype(np.float32, copy=False)
+            if not np.isfinite(probs).all():
+                t = int(np.argwhere(~np.isfinite(probs))[0, 0])
+                raise ValueError(f"{where}: non-finite probability at row {t}")
+            if probs.size and (probs.min() < 0.0 or probs.max() > 1.0):
+                t = int(np.argwhere((probs < 0) | (probs > 1))[0, 0])
+                raise ValueError(f"{where}: probability outside [0, 1] at row {t}; pass sigmoid outputs, not logits")
+        if self.inputs in ("features", "both"):
+            if features is None:
+                raise ValueError(
+                    f"{where}: the refiner was built for inputs={self.inputs!r} and needs per-frame features "
+                    f"(the 'features' array of the probability file)"
+                )
+            features = np.asarray(features)
+            if features.ndim != 2 or features.shape[1] != self.feature_dim:
+                raise ValueError(f"{where}: expected features of shape (T, {self.feature_dim}), got {features.shape}")
+            if probs is not None and features.shape[0] != probs.shape[0]:
+                raise ValueError(
+                    f"{where}: {features.shape[0]} feature rows but {probs.shape[0]} probability rows; one per frame"
+                )
+            if not np.isfinite(features).all():
+                t = int(np.argwhere(~np.isfinite(features))[0, 0])
+                raise ValueError(f"{where}: non-finite feature at row {t}")
+        return probs, features
+
+    def raw_inputs(
+        self, probs: np.ndarray | None, features: np.ndarray | None = None, offset: int = 0, total: int | None = None
+    ) -> np.ndarray:
+        """``(C_in, n)`` float32 network inputs before standardisation (probability logits, features, position).
+
+        Args:
+            probs: ``(n, 17)`` probabilities (or ``None`` for ``inputs="features"``).
+            features: ``(n, D)`` features (or ``None`` for ``inputs="probs"``).
+            offset: position in the video of the first row (for the position channels).
+            total: frames of the whole video (default ``offset + n``).
+        """
+        parts = []
+        if self.inputs in ("probs", "both"):
+            p = np.clip(np.asarray(probs, dtype=np.float32), self.prob_floor, 1.0 - self.prob_floor)
+            parts.append((np.log(p) - np.log1p(-p)).T)
+        if self.inputs in ("features", "both"):
+            parts.append(np.asarray(features, dtype=np.float32).T)
+        if self.position:
+            rows = len(probs) if probs is not None else len(features)  # type: ignore[arg-type]
+            parts.append(position_channels(offset, rows, offset + rows if total is None else int(total)))
+        return np.ascontiguousarray(np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0])
+
+    def set_input_statistics(self, mean: np.ndarray, std: np.ndarray) -> None:
+        """Set the per-channel standardisation of the inputs (mean and standard deviation over training frames).
+
+        A network with an ``init_skip(scale, bias)`` method (the residual :class:`MultiStageTCN`) gets the inverse
+        map of the probability channels, so that before training it returns the frame model's logits unchanged.
+        """
+        mean_t = torch.as_tensor(np.asarray(mean, dtype=np.float32))
+        std_t = torch.as_tensor(np.asarray(std, dtype=np.float32))
+        if mean_t.shape != self.input_mean.shape or std_t.shape != self.input_std.shape:
+            raise ValueError(f"input statistics must have shape ({self.in_channels},)")
+        self.input_mean.copy_(mean_t)
+        self.input_std.copy_(torch.clamp(std_t, min=1e-6))
+        init_skip = getattr(self.network, "init_skip", None)
+        if callable(init_skip) and self.inputs != "features":
+            init_skip(self.input_std[:NUM_LABELS].clone(), self.input_mean[:NUM_LABELS].clone())
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """Standardise ``(..., C_in, T)`` raw inputs channel by channel."""
+        return (x - self.input_mean[:, None]) / self.input_std[:, None]
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """
+        Args:
+            x: ``(B, C_in, T)`` raw inputs (:meth:`raw_inputs`; standardised here).
+            mask: optional ``(B, 1, T)`` 0/1 mask of real frames.
+
+        Returns:
+            ``(S, B, 17, T)`` logits of every stage of the network (``S = 1`` for single-output networks).
+        """
+        x = self.normalize(x)
+        out = self.network(x) if mask is None else self.network(x * mask, mask)
+        return as_stages(out)
+
+    def logits(self, x: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+        """``(17, T)`` final-stage logits of one video's ``(C_in, T)`` raw inputs, computed chunk by chunk.
+
+        Args:
+            x: ``(C_in, T)`` raw inputs.
+            chunk_size: frames per chunk (default :attr:`chunk_size`); 0, or a network without a declared
+                ``context``: the whole video at once.
+        """
+        chunk = self.chunk_size if chunk_size is None else int(chunk_size)
+        ctx = self.context
+        T = int(x.shape[-1])
+        if not chunk or ctx is None or chunk >= T:
+            return self(x[None])[-1, 0]
+        out = x.new_empty((NUM_LABELS, T))
+        for start in range(0, T, chunk):
+            stop = min(start + chunk, T)
+            lo, hi = max(0, start - ctx), min(T, stop + ctx)
+            out[:, start:stop] = self(x[None, :, lo:hi])[-1, 0, :, start - lo : stop - lo]
+        return out
+
+    def refine(
+        self, probs: np.ndarray | None, features: np.ndarray | None = None, chunk_size: int | None = None
+    ) -> np.ndarray:
+        """Refined probabilities of one whole video.
+
+        Args:
+            probs: ``(T, 17)`` frame probabilities in :data:`~monai_vce.labels.LABELS` order (may be ``None`` for
+                ``inputs="features"``).
+            features: ``(T, D)`` frame features (for ``inputs="features"`` / ``"both"``).
+            chunk_size: frames per chunk (default :attr:`chunk_size`; 0: the whole video at once); the result
+                does not depend on it.
+
+        Returns:
+            ``(T, 17)`` float32 refined probabilities.
+
+        Raises:
+            ValueError: inputs of the wrong shape, non-finite, or probabilities outside [0, 1].
+        """
+        probs, features = self.check_inputs(probs, features)
+        T = probs.shape[0] if probs is not None else features.shape[0]  # type: ignore[union-attr]
+        if T == 0:
+            return np.zeros((0, NUM_LABELS), dtype=np.float32)
+        device = self.input_mean.device
+        was_training = self.training
+        self.eval()
+        try:
+            with torch.inference_mode():
+                x = torch.from_numpy(self.raw_inputs(probs, features)).to(device)
+                out = torch.sigmoid(self.logits(x, chunk_size))
+        finally:
+            self.train(was_training)
+        refined = out.T.float().cpu().numpy().astype(np.float32, copy=False)
+        if self.passthrough:
+            keep = [LABELS.index(n) for n in self.passthrough]
+            refined[:, keep] = probs[:, keep]  # type: ignore[index]
+        return refined
+
+    # ------------------------------------------------------------------ files
+    def get_config(self) -> dict[str, Any]:
+        """The JSON-able configuration that rebuilds this refiner (weights excluded)."""
+        net_config = getattr(self.network, "config", None)
+        if not isinstance(net_config, Mapping):
+            raise ValueError(
+                f"network {_class_path(self.network)} has no 'config' dict of its constructor arguments; "
+                f"it cannot be saved"
+            )
+        return {
+            "inputs": self.inputs,
+            "feature_dim": self.feature_dim,
+            "prob_floor": self.prob_floor,
+            "position": self.position,
+            "passthrough": list(self.passthrough),
+            "chunk_size": self.chunk_size,
+            "network": {"_target_": _class_path(self.network), **dict(net_config)},
+            "labels": list(LABELS),
+        }
+
+    def save(self, path: PathLike) -> Path:
+        """Write the refiner (configuration as JSON text, fit record, weights) to ``path`` atomically."""
+        config = self.get_config()
+        payload = {
+            "format": FILE_FORMAT,
+            "version": _FILE_VERSION,
+            "config": json.dumps(config),
+            "fit": json.dumps(self.fit_info),
+            "state_dict": {k: v.detach().cpu() for k, v in self.state_dict().items()},
+        }
+        buf = io.BytesIO()
+        torch.save(payload, buf)
+        return atomic_write_bytes(path, buf.getvalue())
+
+    @classmethod
+    def load(cls, path: PathLike, map_location: str | torch.device = "cpu") -> TemporalRefiner:
+        """Read a refiner written by :meth:`save` (``torch.load(weights_only=True)``: no code is unpickled).
+
+        Raises:
+            FileNotFoundError: the file is missing.
+            ValueError: the file is not a refiner file or does not match its configuration (one line naming it).
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"refiner file {path} not found")
+        try:
+            payload = torch.load(path, map_location=map_location, weights_only=True)
+        except Exception as e:  # damaged file, or pickled objects beyond tensors and plain data
+            raise ValueError(f"refiner file {path} is unreadable: {str(e).splitlines()[0]}") from None
+        if not isinstance(payload, dict) or payload.get("format") != FILE_FORMAT:
+            raise ValueError(f"refiner file {path} is not a temporal refiner (no format {FILE_FORMAT!r})")
+        if int(payload.get("version", 0)) > _FILE_VERSION:
+            raise ValueError(f"refiner file {path} has version {payload['version']}; this code reads {_FILE_VERSION}")
+        try:
+            config = json.loads(payload["config"])
+            fit_info = json.loads(payload.get("fit", "{}"))
+            if list(config.pop("labels", LABELS)) != list(LABELS):
+                raise ValueError("its labels differ from the 17 LABELS")
+            refiner = cls(**config)
+            refiner.load_state_dict(payload["state_dict"], strict=True)
+        except Exception as e:
+            raise ValueError(f"refiner file {path}: {str(e).splitlines()[0]}") from None
+        refiner.fit_info = fit_info
+        return refiner.to(map_location)
+
+    @staticmethod
+    def fingerprint(path: PathLike) -> str:
+        """A short content hash of a refiner file, recorded as the ``source`` of the probability files it refines."""
+        return "refiner:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]

@@ -1,0 +1,316 @@
+"""Temporal refiner: shapes, chunked inference, masking, files, the leakage guard and a learnable pattern."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from monai_vce.labels import LABELS, NUM_LABELS, SECTIONS
+from monai_vce.postprocessing import DecoderParams
+from monai_vce.temporal import (
+    LeakageError,
+    MultiStageTCN,
+    TemporalRefinementLoss,
+    TemporalRefiner,
+    check_no_leakage,
+    cross_fit_refiner,
+    fit_refiner,
+    fold_provenance,
+    kfold_videos,
+    select_pipeline,
+)
+
+TINY = {"stages": 2, "layers": 5, "channels": 8, "dropout": 0.0}
+
+
+def _scramble(refiner: TemporalRefiner, seed: int = 0) -> TemporalRefiner:
+    """Random weights everywhere (a fresh residual network is the identity, which would hide any bug)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in refiner.network.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    return refiner
+
+
+def _probs(T: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).random((T, NUM_LABELS)).astype(np.float32)
+
+
+def _section_video(T: int, rng: np.random.Generator, noise: float = 2.0):
+    """A video whose five sections follow the gut order, with per-frame noisy section probabilities."""
+    cuts = np.sort(rng.choice(np.arange(50, T - 50), size=4, replace=False))
+    bounds = [0, *cuts.tolist(), T]
+    events = [{"start": bounds[i], "end": bounds[i + 1] - 1, "label": [SECTIONS[i]]} for i in range(len(SECTIONS))]
+    truth = np.zeros((T, NUM_LABELS), dtype=bool)
+    for i in range(len(SECTIONS)):
+        truth[bounds[i] : bounds[i + 1], i] = True
+    logit = np.where(truth, 1.0, -1.0) + noise * rng.standard_normal((T, NUM_LABELS))
+    return (1.0 / (1.0 + np.exp(-logit))).astype(np.float32), np.arange(T), events, truth
+
+
+def _frame_ap(y: np.ndarray, p: np.ndarray) -> float:
+    order = np.argsort(-p, kind="stable")
+    y = y[order].astype(np.float64)
+    hits = np.cumsum(y)
+    return float((hits / np.arange(1, y.size + 1))[y > 0].mean())
+
+
+def test_network_shapes_and_context():
+    torch.manual_seed(0)
+    net = MultiStageTCN(in_channels=20, stages=3, layers=4, channels=8)
+    out = net(torch.randn(2, 20, 50))
+    assert out.shape == (3, 2, NUM_LABELS, 50)
+    assert net.context == 3 * (2**4 - 1)
+    # nothing beyond the context reaches an output
+    net.eval()
+    x = torch.randn(1, 20, 200)
+    base = net(x)[-1, 0, :, 100]
+    far = x.clone()
+    far[0, :, 100 + net.context + 1] += 5.0
+    far[0, :, 100 - net.context - 1] -= 5.0
+    assert torch.equal(net(far)[-1, 0, :, 100], base)
+    # and the context is not overstated: the farthest frame inside it does reach (one stage, so that the
+    # product of a few weights along the only path stays far above float32 rounding)
+    one = MultiStageTCN(in_channels=20, stages=1, layers=4, channels=8).eval()
+    near = x.clone()
+    near[0, :, 100 + one.context] += 5.0
+    assert not torch.equal(one(near)[-1, 0, :, 100], one(x)[-1, 0, :, 100])
+
+
+@pytest.mark.parametrize("inputs", ["probs", "features", "both"])
+def test_refine_shapes(inputs):
+    T, D = 300, 6
+    refiner = TemporalRefiner(inputs=inputs, feature_dim=0 if inputs == "probs" else D, network=TINY)
+    feats = np.random.default_rng(1).standard_normal((T, D)).astype(np.float16)
+    out = refiner.refine(_probs(T) if inputs != "features" else None, None if inputs == "probs" else feats)
+    assert out.shape == (T, NUM_LABELS) and out.dtype == np.float32
+    assert np.all((out >= 0) & (out <= 1))
+    assert refiner.refine(
+        np.zeros((0, NUM_LABELS), np.float32) if inputs != "features" else None,
+        np.zeros((0, D)) if inputs != "probs" else None,
+    ).shape == (0, NUM_LABELS)
+
+
+def test_refine_errors_are_one_line():
+    refiner = TemporalRefiner(network=TINY)
+    for bad, msg in [
+        (np.zeros((10, 5), np.float32), "shape"),
+        (np.full((10, NUM_LABELS), 2.0, np.float32), "outside [0, 1]"),
+        (np.full((10, NUM_LABELS), np.nan, np.float32), "non-finite"),
+    ]:
+        with pytest.raises(ValueError, match=msg.replace("[", r"\[").replace("]", r"\]")) as e:
+            refiner.refine(bad)
+        assert "\n" not in str(e.value)
+    both = TemporalRefiner(inputs="both", feature_dim=4, network=TINY)
+    with pytest.raises(ValueError, match="needs per-frame features"):
+        both.refine(_probs(10))
+    with pytest.raises(ValueError, match="feature_dim"):
+        TemporalRefiner(inputs="features")
+
+
+@pytest.mark.parametrize("inputs", ["probs", "both"])
+def test_chunked_equals_whole_video(inputs):
+    torch.manual_seed(0)
+    T, D = 1500, 5
+    refiner = TemporalRefiner(inputs=inputs, feature_dim=D if inputs == "both" else 0, network=TINY, chunk_size=None)
+    _scramble(refiner)
+    refiner.set_input_statistics(np.full(refiner.in_channels, 0.3), np.full(refiner.in_channels, 1.7))
+    probs = _probs(T)
+    feats = np.random.default_rng(2).standard_normal((T, D)).astype(np.float32) if inputs == "both" else None
+    whole = refiner.refine(probs, feats)
+    assert refiner.context == 2 * 31
+    for chunk in (5, refiner.context, 200, 1499):
+        chunked = refiner.refine(probs, feats, chunk_size=chunk)
+        np.testing.assert_allclose(chunked, whole, atol=1e-5, rtol=0)
+    # without enough overlap the result would differ: the overlap is needed
+    refiner.network.stages[0].context = 0  # type: ignore[union-attr]
+    assert np.abs(refiner.refine(probs, feats, chunk_size=200) - whole).max() > 1e-4
+
+
+def test_padded_batch_equals_separate_videos():
+    torch.manual_seed(0)
+    refiner = _scramble(TemporalRefiner(network=TINY, position=True)).eval()
+    a, b = torch.randn(NUM_LABELS + 3, 120), torch.randn(NUM_LABELS + 3, 80)
+    x = torch.zeros(2, NUM_LABELS + 3, 120)
+    x[0], x[1, :, 25:105] = a, b  # b padded on both sides, as a crop at a video's start and end
+    mask = torch.zeros(2, 1, 120)
+    mask[0], mask[1, :, 25:105] = 1.0, 1.0
+    with torch.no_grad():
+        batched = refiner(x, mask)
+        torch.testing.assert_close(batched[:, 0], refiner(a[None])[:, 0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(batched[:, 1, :, 25:105], refiner(b[None])[:, 0], atol=1e-5, rtol=0)
+
+
+def test_training_crops_see_what_inference_sees():
+    """A scored frame of a training crop gets the same logits as in whole-video inference (crop context)."""
+    from monai_vce.temporal.training import _batch, prepare_videos
+
+    rng = np.random.default_rng(0)
+    refiner = _scramble(TemporalRefiner(network=TINY, position=True, chunk_size=None)).eval()
+    videos = prepare_videos({"a": _section_video(400, rng)[:3], "b": _section_video(150, rng)[:3]}, refiner)
+    picks = [(videos[0], 0), (videos[0], 170), (videos[0], 330), (videos[1], 0)]
+    length, ctx = 100, refiner.context
+    x, y, real, scored = _batch(refiner, picks, length, ctx, torch.device("cpu"))
+    with torch.no_grad():
+        out = refiner(x, real)[-1]
+        for i, (v, start) in enumerate(picks):
+            whole = refiner.logits(torch.from_numpy(refiner.raw_inputs(v.probs, offset=0, total=len(v))))
+            stop = min(start + length, len(v))
+            cols = scored[i, 0].nonzero().flatten()
+            assert cols.numel() == stop - start
+            torch.testing.assert_close(out[i][:, cols], whole[:, start:stop], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(y[i][:, cols], torch.from_numpy(v.target[start:stop].T))
+
+
+def test_loss_masks_padding_and_smoothness():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 1, NUM_LABELS, 30)
+    target = (torch.rand(1, NUM_LABELS, 30) > 0.5).float()
+    mask = torch.ones(1, 1, 30)
+    mask[..., 20:] = 0
+    loss = TemporalRefinementLoss(smoothness=0.15)
+    changed = logits.clone()
+    changed[..., 20:] = 100.0  # padded frames: must not matter
+    assert torch.isclose(loss(logits, target, mask), loss(changed, target, mask))
+    flat = torch.zeros(1, 1, NUM_LABELS, 30)
+    rough = flat.clone()
+    rough[..., ::2] = 3.0
+    plain = TemporalRefinementLoss(smoothness=0.0)
+    # the smoothness term penalises flicker and nothing else
+    gap_plain = loss(rough, target) - plain(rough, target)
+    assert gap_plain > 0
+    assert torch.isclose(loss(flat, target), plain(flat, target))
+
+
+def test_save_load_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    videos = {f"v{i}": _section_video(400, rng)[:3] for i in range(3)}
+    refiner = fit_refiner(videos, network=TINY, steps=3, crop_length=128, batch_size=2, seed=1)
+    path = refiner.save(tmp_path / "refiner.pt")
+    loaded = TemporalRefiner.load(path)
+    probs = _probs(500, seed=3)
+    np.testing.assert_array_equal(loaded.refine(probs), refiner.refine(probs))
+    assert loaded.get_config() == refiner.get_config()
+    assert loaded.trained_videos == ["v0", "v1", "v2"]
+    assert torch.equal(loaded.input_std, refiner.input_std) and not torch.all(loaded.input_std == 1)
+    # weights_only-safe: plain tensors and strings only
+    payload = torch.load(path, weights_only=True)
+    assert isinstance(payload["config"], str)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_load_refuses_bad_files(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        TemporalRefiner.load(tmp_path / "missing.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a torch file")
+    with pytest.raises(ValueError, match=r"junk\.pt"):
+        TemporalRefiner.load(tmp_path / "junk.pt")
+    good = TemporalRefiner(network=TINY).save(tmp_path / "good.pt")
+    payload = torch.load(good, weights_only=True)
+    payload["config"] = payload["config"].replace("monai_vce.temporal.networks.MultiStageTCN", "os.system")
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    (tmp_path / "evil.pt").write_bytes(buf.getvalue())
+    with pytest.raises(ValueError, match=r"not a torch\.nn\.Module class") as e:
+        TemporalRefiner.load(tmp_path / "evil.pt")
+    assert "evil.pt" in str(e.value)
+
+
+def test_leakage_guard():
+    check_no_leakage(["a", "b"], ["c", "d"])
+    with pytest.raises(LeakageError, match="'b'"):
+        check_no_leakage(["a", "b"], ["b", "c"])
+    folds = kfold_videos(["a", "b", "c", "d", "e"], folds=2, seed=0)
+    assert sorted(set(folds.values())) == [0, 1]
+    provenance = fold_provenance(folds)
+    for v, others in provenance.items():
+        assert v not in others and set(others) == {u for u in folds if folds[u] != folds[v]}
+    check_no_leakage(folds, provenance)
+    with pytest.raises(LeakageError, match="no provenance"):
+        check_no_leakage(["a", "z"], provenance)
+    in_sample = {v: list(folds) for v in folds}  # one model trained on every video produced all outputs
+    with pytest.raises(LeakageError):
+        check_no_leakage(folds, in_sample)
+    rng = np.random.default_rng(0)
+    videos = {v: _section_video(300, rng)[:3] for v in folds}
+    with pytest.raises(LeakageError):
+        fit_refiner(videos, network=TINY, steps=1, trained_on=list(folds))
+
+
+def test_cross_fit_never_refines_own_training_videos():
+    rng = np.random.default_rng(0)
+    videos = {f"v{i}": _section_video(300, rng)[:3] for i in range(6)}
+    result = cross_fit_refiner(videos, folds=3, network=TINY, steps=2, crop_length=128, batch_size=2)
+    assert set(result.refined) == set(videos) and len(result.fold_refiners) == 3
+    for f, refiner in enumerate(result.fold_refiners):
+        held = {v for v, g in result.folds.items() if g == f}
+        assert held and not held & set(refiner.trained_videos)
+        assert set(refiner.trained_videos) == set(videos) - held
+        for v in held:  # each video's refined probabilities come from its fold's refiner
+            np.testing.assert_array_equal(result.refined[v], refiner.refine(videos[v][0]))
+    assert result.refiner is not None and set(result.refiner.trained_videos) == set(videos)
+    tuning = result.tuning_videos(videos)
+    assert tuning["v0"][0] is result.refined["v0"] and tuning["v0"][2] is videos["v0"][2]
+    with pytest.raises(LeakageError):
+        cross_fit_refiner(videos, folds=3, trained_on=list(videos), network=TINY, steps=1)
+
+
+def test_refiner_learns_section_order():
+    """Per-frame section probabilities drowned in noise: a refiner that sees the timeline beats its input."""
+    rng = np.random.default_rng(0)
+    train = {f"t{i}": _section_video(1200, rng)[:3] for i in range(12)}
+    test = [_section_video(1200, rng) for _ in range(4)]
+    refiner = fit_refiner(
+        train,
+        network={"stages": 2, "layers": 7, "channels": 16, "dropout": 0.0},
+        steps=80,
+        crop_length=600,
+        batch_size=4,
+        learning_rate=2e-2,
+        seed=0,
+    )
+    raw_ap, refined_ap = [], []
+    for probs, _, _, truth in test:
+        refined = refiner.refine(probs)
+        for c in range(len(SECTIONS)):
+            raw_ap.append(_frame_ap(truth[:, c], probs[:, c]))
+            refined_ap.append(_frame_ap(truth[:, c], refined[:, c]))
+    assert np.mean(raw_ap) < 0.75  # the input is really noisy
+    assert np.mean(refined_ap) > np.mean(raw_ap) + 0.15, (np.mean(raw_ap), np.mean(refined_ap))
+    assert LABELS[: len(SECTIONS)] == SECTIONS
+
+
+def test_fit_with_features_and_passthrough(tmp_path):
+    rng = np.random.default_rng(0)
+    videos = {}
+    for i in range(3):
+        probs, ids, events, _ = _section_video(300, rng)
+        videos[f"v{i}"] = (probs, ids, events, rng.standard_normal((300, 6)).astype(np.float16))
+    refiner = fit_refiner(
+        videos, "both", network=TINY, steps=3, crop_length=128, batch_size=2, passthrough=SECTIONS[:2]
+    )
+    assert refiner.in_channels == NUM_LABELS + 6 and refiner.feature_dim == 6
+    probs, _, _, feats = videos["v0"]
+    out = refiner.refine(probs, feats)
+    np.testing.assert_array_equal(out[:, :2], probs[:, :2])  # passed through untouched
+    loaded = TemporalRefiner.load(refiner.save(tmp_path / "r.pt"))
+    np.testing.assert_array_equal(loaded.refine(probs, feats), out)
+    with pytest.raises(ValueError, match="features"):
+        fit_refiner({k: v[:3] for k, v in videos.items()}, "features", network=TINY, steps=1)
+
+
+def test_select_pipeline_keeps_the_baseline_unless_beaten():
+    def tuned(objective: float) -> DecoderParams:
+        data = DecoderParams().to_dict()
+        data["fit"] = {"objective": objective}
+        return DecoderParams(data)
+
+    assert select_pipeline({"decoder": tuned(0.50), "refiner": tuned(0.52)}, baseline="decoder") == "refiner"
+    assert select_pipeline({"decoder": tuned(0.50), "refiner": tuned(0.505)}, baseline="decoder") == "decoder"
+    assert select_pipeline({"decoder": tuned(0.50), "refiner": tuned(0.49)}, baseline="decoder") == "decoder"
+    assert select_pipeline({"decoder": tuned(0.50), "refiner": tuned(0.505)}, "decoder", margin=0.0) == "refiner"
+    with pytest.raises(ValueError, match="objective"):
+        select_pipeline({"decoder": DecoderParams(), "refiner": tuned(0.5)})

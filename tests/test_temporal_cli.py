@@ -1,0 +1,146 @@
+"""Command line of the temporal refiner: fit and refine folders of per-video probability files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from monai_vce.handlers.event_writer import VideoArrays, load_video_probs, save_video_probs
+from monai_vce.labels import NUM_LABELS, SECTIONS
+from monai_vce.temporal import TemporalRefiner
+from monai_vce.temporal.__main__ import main
+from monai_vce.temporal.files import read_videos
+
+TINY = json.dumps({"stages": 2, "layers": 4, "channels": 8})
+
+
+def _write_videos(folder, n: int, seed: int, features: bool = False):
+    rng = np.random.default_rng(seed)
+    gt = {"videos": []}
+    for i in range(n):
+        T = 200 + 40 * i
+        cut = int(rng.integers(60, T - 60))
+        truth = np.zeros((T, NUM_LABELS), dtype=bool)
+        truth[:cut, 2], truth[cut:, 3] = True, True
+        probs = 1 / (1 + np.exp(-(np.where(truth, 1.0, -1.0) + 1.5 * rng.standard_normal(truth.shape))))
+        index = np.arange(T) * 2 + 10  # ids with gaps and an offset: the events count in these units
+        vid = f"vid{seed}_{i}"
+        arrays = VideoArrays(vid, probs.astype(np.float32), index, index + 1000)
+        save_video_probs(folder / f"{vid}.npz", arrays)
+        if features:
+            with np.load(folder / f"{vid}.npz") as z:
+                data = dict(z)
+            np.savez(folder / f"{vid}.npz", **data, features=rng.standard_normal((T, 6)).astype(np.float16))
+        gt["videos"].append(
+            {
+                "video_id": vid,
+                "events": [
+                    {"start": int(index[0]), "end": int(index[cut - 1]), "label": [SECTIONS[2]]},
+                    {"start": int(index[cut]), "end": int(index[-1]), "label": [SECTIONS[3]]},
+                ],
+            }
+        )
+    return gt
+
+
+class _Result:
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def run(capsys):
+    """The command line in this process (a fresh interpreter per call would cost seconds of imports)."""
+
+    def _run(*args: str) -> _Result:
+        code = main(list(args))
+        out = capsys.readouterr()
+        return _Result(code, out.out, out.err)
+
+    return _run
+
+
+def test_fit_and_refine_round_trip(tmp_path, run):
+    train, val, out = tmp_path / "train", tmp_path / "val", tmp_path / "refined"
+    train.mkdir()
+    val.mkdir()
+    (tmp_path / "gt.json").write_text(json.dumps(_write_videos(train, 3, seed=0)))
+    (tmp_path / "val_gt.json").write_text(json.dumps(_write_videos(val, 2, seed=1)))
+    model = tmp_path / "refiner.pt"
+    fit = run(
+        "fit", "--probs", str(train), "--gt", str(tmp_path / "gt.json"), "--out", str(model),
+        "--val-probs", str(val), "--val-gt", str(tmp_path / "val_gt.json"),
+        "--network", TINY, "--steps", "4", "--crop-length", "64", "--batch-size", "2",
+    )  # fmt: skip
+    assert fit.returncode == 0, fit.stderr
+    summary = json.loads(fit.stdout)
+    assert summary["videos"] == 3 and summary["val_loss"] is not None
+    refiner = TemporalRefiner.load(model)
+    assert sorted(refiner.trained_videos) == ["vid0_0", "vid0_1", "vid0_2"]
+    assert refiner.fit_info["val_videos"] == ["vid1_0", "vid1_1"]
+
+    ref = run("refine", "--probs", str(val), "--model", str(model), "--out", str(out))
+    assert ref.returncode == 0, ref.stderr
+    assert json.loads(ref.stdout)["written"] == 2 and "warning" not in ref.stderr
+    for vid in ("vid1_0", "vid1_1"):
+        src, dst = load_video_probs(val / f"{vid}.npz"), load_video_probs(out / f"{vid}.npz")
+        np.testing.assert_array_equal(dst.frame_index, src.frame_index)
+        np.testing.assert_array_equal(dst.frame_number, src.frame_number)
+        np.testing.assert_allclose(dst.probs, refiner.refine(src.probs), atol=1e-6)
+        assert not np.allclose(dst.probs, src.probs)
+    # a second run keeps the complete files; refining the training videos warns
+    again = run("refine", "--probs", str(val), "--model", str(model), "--out", str(out))
+    assert json.loads(again.stdout)["kept"] == 2
+    own = run("refine", "--probs", str(train), "--model", str(model), "--out", str(tmp_path / "own"))
+    assert own.returncode == 0 and "warning" in own.stderr and "vid0_0" in own.stderr
+    # the module runs as ``python -m monai_vce.temporal`` (one real process)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "monai_vce.temporal", "refine", "--probs", str(val), "--model", str(model),
+         "--out", str(out)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["kept"] == 2
+
+
+def test_cli_errors_name_the_file_or_video(tmp_path, run):
+    train = tmp_path / "train"
+    train.mkdir()
+    gt = _write_videos(train, 2, seed=0)
+    gt["videos"] = gt["videos"][:1]
+    (tmp_path / "gt.json").write_text(json.dumps(gt))
+    res = run("fit", "--probs", str(train), "--gt", str(tmp_path / "gt.json"), "--out", str(tmp_path / "r.pt"))
+    assert res.returncode == 2 and "vid0_1" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r.pt").exists()
+    # the leakage guard: the frame model was trained on these very videos
+    gt = _write_videos(train, 2, seed=0)
+    (tmp_path / "gt.json").write_text(json.dumps(gt))
+    (tmp_path / "trained.json").write_text(json.dumps(["vid0_1", "other"]))
+    res = run(
+        "fit", "--probs", str(train), "--gt", str(tmp_path / "gt.json"), "--out", str(tmp_path / "r.pt"),
+        "--frame-model-videos", str(tmp_path / "trained.json"),
+    )  # fmt: skip
+    assert res.returncode == 2 and "vid0_1" in res.stderr and "trained on the same video" in res.stderr
+    res = run("refine", "--probs", str(train), "--model", str(tmp_path / "missing.pt"), "--out", str(tmp_path / "o"))
+    assert res.returncode == 2 and "missing.pt" in res.stderr
+
+
+def test_read_videos_with_features(tmp_path):
+    gt = _write_videos(tmp_path, 2, seed=3, features=True)
+    videos = read_videos(tmp_path, gt, units="index", features=True)
+    probs, ids, events, feats = videos["vid3_0"]
+    assert probs.shape == (200, NUM_LABELS) and feats.shape == (200, 6) and ids[0] == 10
+    assert events == gt["videos"][0]["events"]
+    by_number = read_videos(tmp_path, None, units="frame_number")
+    assert by_number["vid3_0"][1][0] == 1010 and by_number["vid3_0"][2] == []
+    with pytest.raises(ValueError, match="features"):
+        plain = tmp_path / "plain"
+        plain.mkdir()
+        _write_videos(plain, 1, seed=4)
+        read_videos(plain, None, features=True)
