@@ -47,6 +47,7 @@ from monai.data import Dataset
 from monai.transforms import apply_transform
 
 from monai_vce.data.frames import LoadVCEFrame
+from monai_vce.data.video import ensure_video_entries, video_entry_complete, video_files
 from monai_vce.utils import atomic_write_json
 
 __all__ = ["FrameCache", "FrameCacheDataset", "CACHE_FORMAT_VERSION"]
@@ -192,7 +193,6 @@ class FrameCache:
         Returns:
             ``{video_id: array path}`` for every video of ``data``.
         """
-        from monai_vce.data.video import ensure_video_entries
 
         # exams stored as video files: each decoded once, sequentially (monai_vce.data.video)
         files = ensure_video_entries(self, data, image_key, num_workers=num_workers, progress=progress)
@@ -301,7 +301,6 @@ class FrameCacheDataset(Dataset):
         if len(data) == 0:
             raise ValueError("FrameCacheDataset: the datalist is empty")
         super().__init__(data=data, transform=transform)
-        from monai_vce.data.video import video_entry_complete, video_files
 
         files = video_files(data, image_key)  # exams stored as video files: {video_id: (file, frames needed)}
         self.image_key = image_key

@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from monai_vce.data.video import is_video_file, list_video_frames, probe_video, verify_video
 from monai_vce.events.ground_truth import ground_truth_events
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import LABELS, NUM_LABELS
@@ -151,7 +152,6 @@ def discover_videos(frames_dir: PathLike) -> dict[str, Path]:
         FileNotFoundError: when ``frames_dir`` is not a folder.
         ValueError: when one video id appears in two container folders.
     """
-    from monai_vce.data.video import is_video_file
 
     root = Path(frames_dir)
     if root.is_file() and is_video_file(root):
@@ -201,11 +201,8 @@ def list_frames(video_dir: PathLike) -> tuple[np.ndarray, list[str], list[tuple[
         ValueError: when the folder holds no frame image (``frame_<number>.png``).
     """
     folder = Path(video_dir)
-    from monai_vce.data.video import is_video_file
 
     if is_video_file(folder) and folder.is_file():  # an exam stored as a video file: decoded positions
-        from monai_vce.data.video import list_video_frames
-
         return list_video_frames(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"video folder not found: {folder}")
@@ -255,7 +252,6 @@ def verify_frames(paths: Sequence[PathLike], mode: str = "decode") -> None:
     """
     if mode not in ("decode", "header"):
         raise ValueError(f"mode must be 'decode' or 'header', got {mode!r}")
-    from monai_vce.data.video import is_video_file, probe_video, verify_video
 
     videos = list(dict.fromkeys(os.fspath(p) for p in paths if is_video_file(p)))
     if videos:  # frames of a video file: the container is checked once ("header") or decoded whole ("decode")

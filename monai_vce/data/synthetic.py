@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from monai_vce.data.render import CAPSULES, FrameNuisances, iter_render_video
+from monai_vce.data.video import require_av, write_video
 from monai_vce.events.composition import events_to_frames
 from monai_vce.events.ground_truth import ground_truth_events
 from monai_vce.events.runs import value_runs
@@ -379,7 +380,6 @@ def generate_mini_galar(
             raise ValueError(f"video_format must be one of {', '.join(_VIDEO_FORMATS)} or None, got {video_format!r}")
         if size % 2:
             raise ValueError(f"video files need an even frame size, got {size}")
-        from monai_vce.data.video import require_av
 
         require_av()
     from PIL import Image
@@ -425,8 +425,6 @@ def generate_mini_galar(
             nuisances = FrameNuisances(frames_per_video, rng)
             chunks = iter_render_video(labels, size, rng, capsule, nuisances)
             if video_format is not None:
-                from monai_vce.data.video import write_video
-
                 (out / "frames").mkdir(parents=True, exist_ok=True)
                 write_video(out / "frames" / f"{vid}.{video_format}", (images for _, images in chunks), fps=video_fps)
             else:

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from monai_vce.utils import atomic_write_json
+
 if TYPE_CHECKING:
     from monai_vce.data.frame_cache import FrameCache
 
@@ -408,7 +410,6 @@ def build_video_entries(
             with open(partial, "rb+") as f:
                 os.fsync(f.fileno())
             os.replace(partial, cache.array_path(vid))
-            from monai_vce.utils import atomic_write_json
 
             atomic_write_json(cache.manifest_path(vid), _video_manifest(cache, vid, info.num_frames, path))
         except BaseException:

@@ -15,6 +15,7 @@ import torch
 from monai.data import Dataset
 from monai.transforms import apply_transform
 
+from monai_vce.data.frame_cache import FrameCache
 from monai_vce.data.video import ensure_video_entries, is_video_file
 
 __all__ = ["VideoFrameDataset"]
@@ -55,7 +56,6 @@ class VideoFrameDataset(Dataset):
         num_workers: int = 0,
         progress: bool = True,
     ) -> None:
-        from monai_vce.data.frame_cache import FrameCache
 
         super().__init__(data=data, transform=transform)
         self.image_key = image_key

@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from monai_vce.data.samplers import _label_matrix
+
 __all__ = ["class_positive_weights"]
 
 
@@ -47,8 +49,6 @@ def class_positive_weights(
         if labels.ndim != 2 or labels.shape[0] == 0:
             raise ValueError(f"expected a non-empty (N, C) label array, got shape {labels.shape}")
     else:
-        from monai_vce.data.samplers import _label_matrix
-
         labels = _label_matrix(data, label_key)
     pos = labels.sum(axis=0, dtype=np.float64)
     neg = labels.shape[0] - pos

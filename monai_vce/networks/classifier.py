@@ -24,7 +24,7 @@ from .diff_attention import (
     resolve_variant,
 )
 from .heads import DEFAULT_LOGIT_SCALE, SEGatedClassifierHead, TextContrastiveHead
-from .text_embeddings import load_text_embeddings
+from .text_embeddings import compute_text_embeddings, load_text_embeddings, save_text_embeddings
 
 __all__ = ["DiffAttnCLIPClassifier", "FUSION_MODES"]
 
@@ -234,7 +234,6 @@ class DiffAttnCLIPClassifier(nn.Module):
                 stacklevel=3,
             )
             return None
-        from monai_vce.text_embeddings import save_text_embeddings
 
         save_text_embeddings(computed, text_embeddings)
         logger.info("text embeddings of the label prompts computed with %s, saved to %s", text_model, text_embeddings)
@@ -242,7 +241,6 @@ class DiffAttnCLIPClassifier(nn.Module):
 
     def _compute_text_embeddings(self, text_model: str, text_model_name: str | None) -> dict[str, Any]:
         """Embed the label prompts with ``text_model``'s text tower; refuse a width other than the image tower's."""
-        from monai_vce.text_embeddings import compute_text_embeddings
 
         if self.num_classes != NUM_LABELS:
             raise ValueError(f"the label prompts describe {NUM_LABELS} labels, the network has {self.num_classes}")

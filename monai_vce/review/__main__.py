@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from monai_vce.review.exams import UNITS
+from monai_vce.review.site import write_review_site
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -50,7 +51,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--workers", type=int, default=None, help="threads writing thumbnails (default: one per core)")
     args = p.parse_args(argv)
-    from monai_vce.review.site import write_review_site
 
     try:
         index = write_review_site(

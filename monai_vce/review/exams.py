@@ -19,8 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from monai_vce.data.galar import build_inference_datalist
+from monai_vce.data.video import is_video_file, probe_video
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import LABELS, NUM_LABELS
+from monai_vce.report.summary import load_probabilities
 
 __all__ = ["UNITS", "Exam", "frames_by_video", "load_exam", "event_rows", "peak_row"]
 
@@ -75,8 +78,6 @@ def frames_by_video(frames: PathLike | Sequence[Mapping[str, Any]]) -> dict[str,
         ``{video_id: {"images": [...], "frame_index": int64, "frame_number": int64}}``, frames in datalist order.
     """
     if isinstance(frames, (str, os.PathLike)):
-        from monai_vce.data.galar import build_inference_datalist
-
         data: Sequence[Mapping[str, Any]] = build_inference_datalist(frames)
     else:
         data = frames
@@ -118,7 +119,6 @@ def load_exam(
         ValueError: frames of several video files in one video, or a probability file whose frames are not on
             disk (naming the file and the first missing frame number).
     """
-    from monai_vce.data.video import is_video_file
 
     images = list(frames["images"])
     index, number = np.asarray(frames["frame_index"]), np.asarray(frames["frame_number"])
@@ -130,13 +130,9 @@ def load_exam(
         if any(p != video for p in images):
             raise ValueError(f"video {video_id!r} mixes a video file ({video}) with other frame files")
         if fps is None:
-            from monai_vce.data.video import probe_video
-
             fps = probe_video(video).fps
     probs = None
     if probs_file is not None:
-        from monai_vce.report.summary import load_probabilities
-
         probs, p_index = load_probabilities(probs_file, frame_units="frame_index")
         _, p_number = load_probabilities(probs_file, frame_units="frame_number")
         pos = np.searchsorted(number, p_number)

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from monai_vce.events.units import FrameUnits
+from monai_vce.metrics import load_events
+from monai_vce.review.site import write_review_site
 
 __all__ = ["write_run_review"]
 
@@ -53,8 +55,6 @@ def write_run_review(
             return None
     except ImportError:  # pragma: no cover
         pass
-    from monai_vce.metrics import load_events
-    from monai_vce.review.site import write_review_site
 
     pred = load_events(events_file)
     keep = {str(v["video_id"]) for v in pred["videos"]}

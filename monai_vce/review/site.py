@@ -34,8 +34,10 @@ from urllib.parse import quote
 
 import numpy as np
 
+from monai_vce.data.video import video_source
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import ANATOMY, LABELS, PATHOLOGY, SECTIONS
+from monai_vce.metrics import check_events, load_events
 from monai_vce.review.exams import Exam, event_rows, frames_by_video, load_exam, peak_row
 from monai_vce.review.thumbnails import ImageJob, render_jobs
 from monai_vce.utils import atomic_write_text
@@ -166,8 +168,6 @@ def _full_rows(exam: Exam, entries: Sequence[Mapping[str, Any]], budget: int, ma
 def _source_digest(exam: Exam, frame_units: str, params: Mapping[str, Any]) -> str:
     h = hashlib.sha256()
     if exam.video is not None:
-        from monai_vce.data.video import video_source
-
         h.update(json.dumps(video_source(exam.video), sort_keys=True).encode())
     else:
         assert exam.images is not None
@@ -324,7 +324,6 @@ _INDEX_PAGE = """<!DOCTYPE html>
 
 
 def _load_events_arg(obj: Any, role: str) -> tuple[dict[str, Any], str]:
-    from monai_vce.metrics import check_events, load_events
 
     if isinstance(obj, Mapping):
         return check_events(obj, source=role, strict=False), role

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from monai_vce.data.video import iter_video_frames
+
 __all__ = ["ImageJob", "render_jobs", "jpeg_bytes"]
 
 PathLike = str | os.PathLike
@@ -148,7 +150,6 @@ def render_jobs(
         tick()
 
     def video_task(job: ImageJob, pool: ThreadPoolExecutor) -> None:
-        from monai_vce.data.video import iter_video_frames
 
         assert job.video is not None
         want_t = set(int(r) for r in job.thumb_rows if not (job.thumb_dir / f"{int(r)}.jpg").is_file())

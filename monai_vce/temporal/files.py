@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from monai_vce.handlers.event_writer import VideoArrays, load_video_probs, npz_record, save_video_probs
-from monai_vce.metrics.validation import load_events
+from monai_vce.events.probabilities import VideoArrays, load_video_probs, npz_record, save_video_probs
+from monai_vce.events.validation import load_events
 
 from .refiner import TemporalRefiner
 

@@ -23,8 +23,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from monai_vce.data.samplers import label_frequency_weights
+from monai_vce.events.composition import events_to_frames
 from monai_vce.labels import NUM_LABELS
-from monai_vce.postprocessing.events import events_to_frames
 
 from .losses import TemporalRefinementLoss
 from .protocol import check_no_leakage
@@ -155,8 +156,6 @@ class CropSampler:
         if mode not in CROP_SAMPLING:
             raise ValueError(f"crop_sampling must be one of {CROP_SAMPLING}, got {mode!r}")
         if mode == "labels":
-            from monai_vce.data.samplers import label_frequency_weights
-
             weights, _, _ = label_frequency_weights(np.concatenate([v.target for v in videos]) >= 0.5, exponent)
         else:
             weights = np.ones(sum(len(v) for v in videos))
