@@ -49,7 +49,7 @@ import numpy as np
 GALAR = Path(__file__).resolve().parents[2] / "shared" / "data" / "galar_events.json"
 
 #: Coarse-to-fine settings measured by default (``adaptive_inference`` keyword arguments).
-DEFAULT_REFINE = ('{"stride": 8, "margin": 1.0}', '{"stride": 8, "margin": 2.0, "scale": "data"}')
+DEFAULT_REFINE = ('{"stride": 8}', '{"stride": 8, "margin": 0.5, "score_tolerance": 0.05}')
 
 
 def _load(path: str | os.PathLike) -> dict[str, Any]:
