@@ -117,7 +117,7 @@ def test_strided_rows_and_budget():
 def test_budget_is_respected(budget):
     T = 2000
     look = Lookup(noisy_probs(T, seed=2))
-    probs, inferred = adaptive_inference(look, T, CLEAR_DECODER, stride=4, budget=budget)
+    _probs, inferred = adaptive_inference(look, T, CLEAR_DECODER, stride=4, budget=budget)
     limit = budget if isinstance(budget, int) else int(np.ceil(budget * T))
     assert look.rows.size == inferred.sum() <= limit
     # a budget that cuts refinement short still spends itself (noise leaves plenty to refine)
@@ -150,7 +150,7 @@ def test_refinement_rounds_and_callback():
     P = clear_video(T)
     look = Lookup(P)
     seen = []
-    probs, inferred = adaptive_inference(
+    _probs, inferred = adaptive_inference(
         look, T, CLEAR_DECODER, stride=16, max_rounds=1, callback=lambda k, n: seen.append((k, n))
     )
     assert len(look.calls) == 2  # the strided pass and one refinement round
@@ -293,3 +293,20 @@ def test_bad_predict_output_fails_in_one_line(output, match):
     with pytest.raises(ValueError, match=match) as err:
         adaptive_inference(output, 20, stride=4, video_id="v2")
     assert "\n" not in str(err.value) and "video 'v2'" in str(err.value)
+
+
+def test_simulated_flicker_in_runs_keeps_the_default_draw():
+    from monai_vce.postprocessing import NOISE_LEVELS, simulate_probabilities
+    from monai_vce.postprocessing.chain import run_bounds
+
+    truth = np.zeros((20000, NUM_LABELS), bool)
+    truth[:, 0] = True
+    quiet = {**NOISE_LEVELS["medium"], "sigma": 0.01, "fp_rate": 0.0, "flicker": 0.05}
+    default = simulate_probabilities(truth, quiet, seed=3)
+    assert np.array_equal(default, simulate_probabilities(truth, {**quiet, "flicker_length": 1}, seed=3))
+    runs = simulate_probabilities(truth, {**quiet, "flicker_length": 8}, seed=3)
+    for probs, mean_length in ((default, (1.0, 1.2)), (runs, (5.0, 12.0))):
+        flipped = (probs > 0.5) != truth
+        _, start, stop = run_bounds(flipped, True)
+        assert 0.02 < flipped.mean() < 0.08
+        assert mean_length[0] <= (stop - start).mean() <= mean_length[1]
