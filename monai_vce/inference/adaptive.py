@@ -6,7 +6,7 @@
 2. **coarse-to-fine refinement** (``refine=True``): the middle frame of every gap between inferred frames that
    can still change the decoded events (:class:`~monai_vce.inference.refinement.DecoderTarget`: near a decision
    threshold of a label the decoder may emit, where neighbouring inferred frames disagree, where a presence rule
-   is undecided, around section transitions) is inferred, all of them in one ``predict`` call; repeated until
+   is undecided, where an emitted event's confidence is uncertain, around section transitions) is inferred, all of them in one ``predict`` call; repeated until
    no gap qualifies, the budget is spent or ``max_rounds`` is reached;
 3. **near-duplicate skipping** (``signatures`` and ``duplicate_tolerance > 0``): a frame whose signature is
    within the tolerance of the last inferred frame before it (:func:`~monai_vce.inference.duplicates.duplicate_anchors`)
@@ -146,9 +146,9 @@ def adaptive_inference(
     budget: int | float | None = None,
     *,
     refine: bool = True,
-    margin: float = 1.0,
+    margin: float = 0.3,
     presence_margin: float | None = None,
-    score_tolerance: float | None = None,
+    score_tolerance: float | None = 0.1,
     transition_window: int | None = None,
     max_rounds: int | None = None,
     signatures: np.ndarray | None = None,
@@ -172,7 +172,13 @@ def adaptive_inference(
         budget: most frames passed to ``predict``: an int (frames), a float in ``(0, 1]`` (fraction of the
             video) or ``None`` (no limit). A strided pass larger than the budget is thinned to fit.
         refine: refine coarse-to-fine after the strided pass; ``False`` interpolates the strided pass only.
-        margin: logit margin of the refinement's envelope (:class:`~monai_vce.inference.refinement.DecoderTarget`).
+        margin: logit margin of the refinement's envelope: how far an unknown frame's logit may stray beyond
+            those of its two known neighbours (:class:`~monai_vce.inference.refinement.DecoderTarget`); larger
+            infers more frames and misses fewer events.
+        presence_margin: the same for the presence rules' decisions (``None``: ``margin``).
+        score_tolerance: an emitted event whose confidence (its mean probability) is still uncertain by more than
+            this, given the envelope, has its unknown frames inferred, so that events keep their confidence order;
+            ``None`` leaves the order to the interpolated probabilities.
         transition_window: frames around a decoded section transition that are refined; ``stride`` when ``None``.
         max_rounds: most refinement rounds (``predict`` calls after the strided pass); ``None``: until done.
         signatures: ``(num_frames, D)`` per-frame signatures (:class:`~monai_vce.inference.duplicates.FrameSignatured`)

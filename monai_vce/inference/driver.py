@@ -274,7 +274,7 @@ class ReducedInference:
         stride: int = 8,
         budget: int | float | None = None,
         refine: bool = True,
-        margin: float = 1.0,
+        margin: float = 0.3,
         duplicate_tolerance: float = 0.0,
         signature_size: int = 16,
         transform: Callable | None = None,
@@ -301,7 +301,7 @@ class ReducedInference:
         self.output_dir = Path(output_dir)
         self.events_file = events_file
         self.decoder = decoder if isinstance(decoder, EventDecoder) else EventDecoder(decoder)
-        self.settings = {"stride": stride, "budget": budget, "refine": refine, "margin": margin}
+        self.settings: dict[str, Any] = {"stride": stride, "budget": budget, "refine": refine, "margin": margin}
         self.duplicate_tolerance = float(duplicate_tolerance)
         self.signature_size = int(signature_size)
         self.predictor = FramePredictor(
@@ -320,6 +320,8 @@ class ReducedInference:
         self.resume = bool(resume)
         self.source = str(source)
         self.tag = reduction_tag(stride, budget, refine, margin, self.duplicate_tolerance)
+        if self.tag and adaptive_kwargs:
+            self.tag += "".join(f",{k}={v}" for k, v in sorted(adaptive_kwargs.items()))
         self.probs_transform = probs_transform
         self.load_handlers = list(load_handlers)
         self.progress = bool(progress)

@@ -14,6 +14,8 @@ bounds every unknown frame's probabilities and asks where those bounds leave the
   whose presence rule is settled as absent (or ``"never"``) needs nothing; one whose presence is open asks for
   the frames that can decide it (the windows of a ``"peak"`` rule that can reach the cutoff, the frames that can
   cross a ``"quantile"`` cutoff, the open frames of a ``"support"`` rule);
+- **confidence order**: an emitted event's confidence is its mean probability; where the envelope leaves that
+  mean uncertain by more than ``score_tolerance``, the event's unknown frames are open;
 - **section transitions** (anatomy decoding): the Viterbi path is not monotone in the probabilities, so the
   unknown frames within ``transition_window`` frames of every transition of the path decoded from the
   interpolated probabilities are open (the path also places the landmarks' windows).
@@ -108,22 +110,25 @@ class DecoderTarget:
         margin: logit half-width added to the envelope of an unknown frame (how far a frame's logit may stray
             beyond the range of its two known neighbours); larger infers more and misses less.
         transition_window: unknown frames within this many frames of a decoded section transition are open.
+        presence_margin: the envelope's margin for the presence rules (``None``: ``margin``).
+        score_tolerance: largest uncertainty of an emitted event's confidence (mean probability of a label over
+            the event's frames, between the envelope's bounds) left open; ``None`` ignores the confidence order.
         probs_transform: applied to the filled-in probabilities (and to the envelope bounds) before decoding,
             e.g. a temporal refiner's ``refine``; ``None`` decodes them as they are.
 
     Example::
 
-        target = DecoderTarget("decoder.json", margin=1.0)
+        target = DecoderTarget("decoder.json", margin=0.3)
         open_rows = target.open_frames(values, known)      # (T,) bool: unknown frames worth inferring
     """
 
     def __init__(
         self,
         decoder: EventDecoder | DecoderParams | Mapping[str, Any] | str | os.PathLike | None = None,
-        margin: float = 1.0,
+        margin: float = 0.3,
         transition_window: int = 8,
         presence_margin: float | None = None,
-        score_tolerance: float | None = None,
+        score_tolerance: float | None = 0.1,
         probs_transform: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         self.decoder = decoder if isinstance(decoder, EventDecoder) else EventDecoder(decoder)
