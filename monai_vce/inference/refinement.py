@@ -18,7 +18,9 @@ bounds every unknown frame's probabilities and asks where those bounds leave the
   mean uncertain by more than ``score_tolerance``, the event's unknown frames are open;
 - **section transitions** (anatomy decoding): the Viterbi path is not monotone in the probabilities, so the
   unknown frames within ``transition_window`` frames of every transition of the path decoded from the
-  interpolated probabilities are open (the path also places the landmarks' windows).
+  interpolated probabilities are open (the path also places the landmarks' windows), and so are all frames before
+  the decoded stomach and ``8 * transition_window`` frames into it: the lead-in, mouth and esophagus last a few to
+  hundreds of frames, and whether the path visits them at all depends on a few of them.
 
 :meth:`DecoderTarget.open_frames` returns those frames; the caller infers the middle frame of every gap that
 holds one and asks again, until nothing is open.
@@ -49,6 +51,7 @@ __all__ = ["DecoderTarget", "dilate_frames"]
 
 _SECTION_COLS = np.array([LABELS.index(s) for s in SECTIONS])
 _LANDMARK_COLS = {name: LABELS.index(name) for name in LANDMARKS}
+_STOMACH = SECTIONS.index("stomach")
 
 
 def dilate_frames(mask: np.ndarray, reach: np.ndarray | int) -> np.ndarray:
@@ -270,11 +273,14 @@ class DecoderTarget:
                     f_lo[:, LABELS.index(name)] &= gate
                     f_hi[:, LABELS.index(name)] &= gate
                 switch = np.flatnonzero(np.diff(sections) != 0) + 1
-                if switch.size:
-                    near = np.zeros((T, 1), dtype=bool)
-                    near[switch] = True
-                    near = dilate_frames(near, self.transition_window)[:, 0]
-                    transitions[:, _SECTION_COLS] = near[:, None] & pr_hi[_SECTION_COLS][None, :]
+                near = np.zeros((T, 1), dtype=bool)
+                near[switch] = True
+                # the lead-in, mouth and esophagus are short (tens to hundreds of frames): whether the path visits
+                # them at all depends on a few frames, so everything before the stomach is open
+                later = np.flatnonzero(sections >= _STOMACH)
+                near[: (later[0] if later.size else T) + 8 * self.transition_window, 0] = True
+                near = dilate_frames(near, self.transition_window)[:, 0]
+                transitions[:, _SECTION_COLS] = near[:, None] & pr_hi[_SECTION_COLS][None, :]
         # chain outputs still open, and the inputs within the chain's reach of them whose threshold side is open
         thr = self.thresholds[None, :]
         side_open = (lo < thr) & (hi >= thr)
