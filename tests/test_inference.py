@@ -42,11 +42,11 @@ def noisy_probs(T: int, seed: int = 0) -> np.ndarray:
     return (1 / (1 + np.exp(-z))).astype(np.float32)
 
 
-def clear_video(T: int = 2400, seed: int = 0) -> np.ndarray:
+def clear_video(T: int = 6000, seed: int = 0) -> np.ndarray:
     """Sections in gut order, one pathology event, a landmark at a boundary; confident, mildly noisy scores."""
     rng = np.random.default_rng(seed)
     truth = np.zeros((T, NUM_LABELS), bool)
-    bounds = [0, 150, 300, 900, 1900, T]
+    bounds = [0, 150, 300, 900, 4500, T]
     for k, name in enumerate(SECTIONS):
         truth[bounds[k] : bounds[k + 1], LABELS.index(name)] = True
     truth[895:905, LABELS.index("pylorus")] = True
@@ -125,7 +125,7 @@ def test_budget_is_respected(budget):
 
 
 def test_refinement_converges_to_full_inference_events():
-    T = 2400
+    T = 6000
     P = clear_video(T)
     ids = np.arange(T)
     decoder = EventDecoder(CLEAR_DECODER)
@@ -146,7 +146,7 @@ def test_refinement_converges_to_full_inference_events():
 
 
 def test_refinement_rounds_and_callback():
-    T = 2400
+    T = 6000
     P = clear_video(T)
     look = Lookup(P)
     seen = []
