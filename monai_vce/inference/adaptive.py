@@ -148,7 +148,7 @@ def adaptive_inference(
     refine: bool = True,
     margin: float = 0.3,
     presence_margin: float | None = None,
-    score_tolerance: float | None = 0.1,
+    score_tolerance: float | None = 0.2,
     transition_window: int | None = None,
     max_rounds: int | None = None,
     signatures: np.ndarray | None = None,

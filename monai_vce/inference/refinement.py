@@ -131,7 +131,7 @@ class DecoderTarget:
         margin: float = 0.3,
         transition_window: int = 8,
         presence_margin: float | None = None,
-        score_tolerance: float | None = 0.1,
+        score_tolerance: float | None = 0.2,
         probs_transform: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         self.decoder = decoder if isinstance(decoder, EventDecoder) else EventDecoder(decoder)
