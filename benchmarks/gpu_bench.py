@@ -7,6 +7,10 @@ autocast):
 - inference, end to end: PNG files -> DataLoader workers (:class:`monai_vce.data.LoadVCEFramed`, one per core,
   persistent, prefetching, pinned memory) -> ``uint8`` to the device -> model under ``torch.inference_mode()``
   -> probabilities on the host -> events with :func:`monai_vce.postprocessing.decode_videos`;
+- reduced inference, end to end: the same frames through :class:`monai_vce.inference.ReducedInference` (strided
+  every 8th frame, and coarse-to-fine from stride 8 aimed at the default decoder), per-video files and events
+  written; frames/s counts the frames of the videos, and the share of frames that went through the network is
+  given (with random weights the refinement has little to go on, so that share is not the one of a trained model);
 - training, model only: forward + asymmetric focal loss + backward + AdamW step on device-resident batches;
 - training, end to end: the same fed by the training augmentations (:func:`monai_vce.data.vce_train_transforms`)
   in the workers;
@@ -180,6 +184,36 @@ def infer_end_to_end(
     return len(data) / (end - t), end - t_events
 
 
+def infer_reduced(
+    model, device, data: Sequence[dict], image_size: int, batch: int, workers: int, **reduction
+) -> tuple[float, float]:
+    """frames/s of the videos from PNG files to events with reduced inference (:class:`monai_vce.inference.
+    ReducedInference`: per-video files and the event JSON written); also the share of frames inferred."""
+    from monai_vce.inference import ReducedInference
+
+    with tempfile.TemporaryDirectory() as out:
+        runner = ReducedInference(
+            model,
+            data,
+            out,
+            image_size=image_size,
+            batch_size=batch,
+            num_workers=workers,
+            device=device,
+            amp=True,
+            resume=False,
+            progress=False,
+            **reduction,
+        )
+        _sync(device)
+        t = time.perf_counter()
+        runner.run()
+        _sync(device)
+        wall = time.perf_counter() - t
+    inferred = sum(s["inferred"] for s in runner.stats.values())
+    return len(data) / wall, inferred / len(data)
+
+
 def _train_step_fn(model, device) -> Callable[[torch.Tensor, torch.Tensor], None]:
     from monai_vce.data import VCEPrepareBatch
     from monai_vce.losses import AsymmetricFocalLoss
@@ -253,6 +287,70 @@ def _timed(fn: Callable[[], float]) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------------------------------------------------- main
+#: Reduced inference measured end to end (keyword arguments of :class:`monai_vce.inference.ReducedInference`).
+REDUCTIONS: dict[str, dict] = {"strided": {"stride": 8, "refine": False}, "c2f": {"stride": 8}}
+
+
+def measure_variant(
+    key: str,
+    attention: str,
+    mode: str,
+    args: argparse.Namespace,
+    device: torch.device,
+    image_size: int,
+    data: Sequence[dict],
+    train_data: Sequence[dict],
+) -> dict[str, object]:
+    """Every phase of one network variant (``attention`` ``"diff"`` or ``"plain"``, ``mode`` eager or compiled)."""
+    base = build_network(args.tiny, attention, device)
+    model = torch.compile(base) if mode == "compiled" else base
+    r: dict[str, object] = {}
+
+    def phase(fields: tuple[str, ...], fn: Callable[[], object]) -> None:
+        # one failing phase (e.g. a compile error) must not cost the other figures
+        try:
+            out = fn()
+        except Exception as e:
+            print(f"[{key}] {fields[0]} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            r.update({f: "failed" for f in fields})
+            return
+        values = out if isinstance(out, tuple) else (out,)
+        r.update(zip(fields, values, strict=True))
+
+    _reset_peak(device)
+    phase(
+        ("infer_model", "infer_model_s"),
+        lambda: _timed(lambda: infer_model_only(model, device, image_size, args.batch_size, args.infer_batches)),
+    )
+    r["infer_peak"] = _peak_gib(device)
+    if attention == "diff":
+        phase(
+            ("infer_e2e", "events_s"),
+            lambda: infer_end_to_end(model, device, data, image_size, args.batch_size, args.workers),
+        )
+        for name, reduction in REDUCTIONS.items():
+            phase(
+                (f"infer_{name}", f"share_{name}"),
+                lambda reduction=reduction: infer_reduced(
+                    model, device, data, image_size, args.batch_size, args.workers, **reduction
+                ),
+            )
+    _reset_peak(device)
+    phase(
+        ("train_model", "train_model_s"),
+        lambda: _timed(lambda: train_model_only(model, device, image_size, args.train_batch_size, args.train_steps)),
+    )
+    r["train_peak"] = _peak_gib(device)
+    if attention == "diff":
+        phase(
+            ("train_e2e",),
+            lambda: train_end_to_end(
+                model, device, train_data, image_size, args.train_batch_size, args.train_steps, args.workers
+            ),
+        )
+    return r
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
@@ -302,60 +400,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         ratio: dict[str, float] = {}
         for attention in ("diff", "plain"):
             for mode in modes if attention == "diff" else ("eager",):
-                base = build_network(args.tiny, attention, device)
-                model = torch.compile(base) if mode == "compiled" else base
                 key = f"{attention}/{mode}"
-                r: dict[str, object] = {}
-
-                # the phases run at once, in this iteration: the defaults bind this iteration's key, record and model
-                def phase(
-                    fields: tuple[str, ...], fn: Callable[[], object], key: str = key, r: dict[str, object] = r
-                ) -> None:
-                    # one failing phase (e.g. a compile error) must not cost the other figures
-                    try:
-                        out = fn()
-                    except Exception as e:
-                        print(f"[{key}] {fields[0]} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-                        r.update({f: "failed" for f in fields})
-                        return
-                    r.update(zip(fields, out if isinstance(out, tuple) else (out,), strict=False))
-
-                _reset_peak(device)
-                phase(
-                    ("infer_model", "infer_model_s"),
-                    lambda m=model: _timed(
-                        lambda: infer_model_only(m, device, image_size, args.batch_size, args.infer_batches)
-                    ),
-                )
-                r["infer_peak"] = _peak_gib(device)
-                if attention == "diff":
-                    phase(
-                        ("infer_e2e", "events_s"),
-                        lambda m=model: infer_end_to_end(m, device, data, image_size, args.batch_size, args.workers),
-                    )
-                _reset_peak(device)
-                phase(
-                    ("train_model", "train_model_s"),
-                    lambda m=model: _timed(
-                        lambda: train_model_only(m, device, image_size, args.train_batch_size, args.train_steps)
-                    ),
-                )
-                r["train_peak"] = _peak_gib(device)
-                if attention == "diff":
-                    phase(
-                        ("train_e2e",),
-                        lambda m=model: train_end_to_end(
-                            m, device, train_data, image_size, args.train_batch_size, args.train_steps, args.workers
-                        ),
-                    )
-                res[key] = r
+                res[key] = measure_variant(key, attention, mode, args, device, image_size, data, train_data)
                 print(
                     f"[{key}] "
-                    + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()),
+                    + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in res[key].items()),
                     file=sys.stderr,
                     flush=True,
                 )
-                del model, base
         if "diff/eager" in res:
             for k in ("infer", "train"):
                 plain, diff = res["plain/eager"].get(f"{k}_model"), res["diff/eager"].get(f"{k}_model")
@@ -382,6 +434,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"| inference, end to end PNG -> events (frames/s) | {cell('diff/eager', 'infer_e2e')} | {cell('diff/compiled', 'infer_e2e')} |"
     )
+    for name, what in (("strided", "strided k=8"), ("c2f", "coarse-to-fine k=8")):
+        print(
+            f"| inference, end to end, reduced {what} (frames of the video/s) | {cell('diff/eager', 'infer_' + name)} | "
+            f"{cell('diff/compiled', 'infer_' + name)} |"
+        )
+        print(
+            f"| frames inferred, {what} (%) | {cell('diff/eager', 'share_' + name, '{:.1%}')} | "
+            f"{cell('diff/compiled', 'share_' + name, '{:.1%}')} |"
+        )
     print(
         f"| training, model only (frames/s) | {cell('diff/eager', 'train_model')} | {cell('diff/compiled', 'train_model')} |"
     )

@@ -10,7 +10,8 @@ where
 - ``s = +1`` on positive frames and ``-1`` on negative frames, after two corruptions of the truth:
   **missed short events** (a ground-truth run shorter than ``miss_length`` frames is turned negative with
   probability ``miss_prob``) and **flicker** (each frame's sign flips independently with probability
-  ``flicker``);
+  ``flicker``; with the optional key ``flicker_length`` > 1, the flips come in runs of geometric length with
+  that mean, covering about the same share of frames, as when the capsule lingers on a misleading view);
 - ``margin[c]`` is the class's **separability** (half the distance between the positive and negative logit
   means): large for the long, visually distinct sections, small for landmarks and subtle pathologies
   (:data:`CLASS_MARGIN`), scaled by the level's ``margin_scale``;
@@ -110,7 +111,7 @@ def simulate_probabilities(
 
     Args:
         truth: ``(T, 17)`` boolean ground truth in :data:`~monai_vce.labels.LABELS` order.
-        level: a key of :data:`NOISE_LEVELS` or a dict with the same keys.
+        level: a key of :data:`NOISE_LEVELS` or a dict with the same keys (plus, optionally, ``flicker_length``).
         seed: seed or generator of the random draw.
         margin: per-label separability overriding :data:`CLASS_MARGIN`.
         bias: per-label calibration offset overriding :data:`CLASS_BIAS`.
@@ -136,7 +137,15 @@ def simulate_probabilities(
         y = y & ~_cover_runs(T, C, cls[miss], start[miss], stop[miss])
     s = np.where(y, 1.0, -1.0)
     # flicker
-    s[rng.random((T, C)) < cfg["flicker"]] *= -1.0
+    flicker_length = float(cfg.get("flicker_length", 1.0))
+    if flicker_length > 1.0:
+        n_runs = rng.poisson(cfg["flicker"] * T / flicker_length, size=C)
+        fcls = np.repeat(np.arange(C), n_runs)
+        fstart = rng.integers(0, max(T, 1), size=fcls.size)
+        flen = rng.geometric(1.0 / flicker_length, size=fcls.size)
+        s[_cover_runs(T, C, fcls, fstart, fstart + flen)] *= -1.0
+    else:
+        s[rng.random((T, C)) < cfg["flicker"]] *= -1.0
     z = s * m + b
     # false-positive bursts
     n_bursts = rng.poisson(cfg["fp_rate"] * T / 10_000.0, size=C)

@@ -1,0 +1,289 @@
+"""Reduced inference: frames through the network vs temporal mAP, against full inference.
+
+Two measurements, one table each.
+
+``simulated`` (default). Frame probabilities of the 80 real Galar timelines are simulated
+(:func:`monai_vce.postprocessing.simulate_probabilities`, one draw per video and noise level); the network is
+replaced by a lookup into them, so every frame a method asks for is "inferred" at no cost and the methods differ
+only in which frames they look at. The decoder is tuned as in ``benchmarks/decoding.py``
+(:func:`~monai_vce.postprocessing.tune_decoder`, 2 rounds), cross-fitted: the videos are dealt into ``--folds``
+folds and each fold is decoded with the decoder tuned on the other folds, so every video is scored held out.
+For each method the table gives the share of all frames passed to ``predict``, the temporal mAP
+(:func:`monai_vce.metrics.temporal_map`, all 80 videos) and its change against full inference of the same draw,
+and the refinement rounds (``predict`` calls per video). Methods: full inference (``stride=1``), strided
+inference with logit interpolation for ``--strides``, and coarse-to-fine refinement for each ``--refine``
+setting. Tuned decoders are cached in ``--work-dir`` (keyed by noise, folds, seed and rounds).
+
+``--noise NAME=JSON`` adds a noise variant: a level of :data:`~monai_vce.postprocessing.NOISE_LEVELS` with keys
+overridden, e.g. ``'correlated={"base": "low", "rho": 0.98, "flicker_length": 8}'`` (frame noise correlated
+over longer stretches, flicker in runs, as when a capsule lingers).
+
+``pipeline``. The real pipeline on a generated mini-Galar (PNG frames, DataLoader workers, the tiny network with
+random weights, :class:`monai_vce.inference.ReducedInference` writing per-video files and the event JSON): wall
+time, frames inferred and mAP of full and reduced inference, side by side in one run. The tiny network's
+probabilities carry no information about the labels, so its mAP only shows that the pipeline runs end to end;
+the time shows the driver's overhead around the network.
+
+Usage (from the repository root)::
+
+    python benchmarks/frame_reduction.py simulated --work-dir /tmp/frame_reduction
+    python benchmarks/frame_reduction.py simulated --quick          # 16 videos, one level, for a fast check
+    python benchmarks/frame_reduction.py pipeline --videos 4 --frames 400
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+GALAR = Path(__file__).resolve().parents[2] / "shared" / "data" / "galar_events.json"
+
+#: Coarse-to-fine settings measured by default (``adaptive_inference`` keyword arguments).
+DEFAULT_REFINE = ('{"stride": 8}', '{"stride": 8, "margin": 0.5, "score_tolerance": 0.05}')
+
+
+def _load(path: str | os.PathLike) -> dict[str, Any]:
+    return json.loads(Path(path).read_text())
+
+
+def noise_variants(levels: Sequence[str], extra: Sequence[str]) -> dict[str, dict[str, float] | str]:
+    """``{name: level}``: the named levels, then ``NAME=JSON`` variants (``"base"`` names the level they modify)."""
+    from monai_vce.postprocessing import NOISE_LEVELS
+
+    out: dict[str, dict[str, float] | str] = {name: name for name in levels}
+    for spec in extra:
+        name, _, text = spec.partition("=")
+        cfg = json.loads(text)
+        base = cfg.pop("base", "medium")
+        out[name] = {**NOISE_LEVELS[base], **cfg}
+    return out
+
+
+def simulate(videos: Sequence[dict], level: dict | str, seed: int) -> list[tuple[np.ndarray, np.ndarray, list]]:
+    """``(probs, frame ids, events)`` of every video, drawn as ``benchmarks/decoding.py`` draws them."""
+    from monai_vce.postprocessing import events_to_frames, simulate_probabilities
+
+    out = []
+    for j, v in enumerate(videos):
+        ids = np.arange(max(e["end"] for e in v["events"]) + 1)
+        out.append(
+            (simulate_probabilities(events_to_frames(v["events"], ids), level, seed=[seed, j]), ids, v["events"])
+        )
+    return out
+
+
+def tuned_decoders(
+    sim: Sequence[tuple], folds: np.ndarray, level: dict | str, seed: int, rounds: int, work_dir: Path
+) -> list:
+    """One decoder per fold, tuned on the other folds' videos (cached in ``work_dir``)."""
+    from monai_vce.postprocessing import DecoderParams, tune_decoder
+
+    key = json.dumps({"level": level, "folds": int(folds.max() + 1), "seed": seed, "rounds": rounds}, sort_keys=True)
+    tag = hashlib.sha1(key.encode()).hexdigest()[:10]
+    out = []
+    for f in range(int(folds.max()) + 1):
+        path = work_dir / f"decoder_{tag}_fold{f}.json"
+        if path.is_file():
+            out.append(DecoderParams.load(path))
+            continue
+        t = time.perf_counter()
+        params = tune_decoder([sim[i] for i in np.flatnonzero(folds != f)], rounds=rounds, seed=seed)
+        params.save(path)
+        print(f"  tuned fold {f} in {time.perf_counter() - t:.0f} s -> {path}", file=sys.stderr, flush=True)
+        out.append(params)
+    return out
+
+
+def run_method(sim: Sequence[tuple], videos: Sequence[dict], decoders: list, folds: np.ndarray, kwargs: dict) -> dict:
+    """Reduced inference of every video with a lookup as the network; events, frames inferred, calls, time."""
+    from monai_vce.inference import adaptive_inference
+    from monai_vce.postprocessing import EventDecoder
+
+    decs = [EventDecoder(p) for p in decoders]
+    pred, inferred, frames, calls = [], 0, 0, []
+    t = time.perf_counter()
+    for j, (probs, ids, _) in enumerate(sim):
+        n = [0]
+
+        def lookup(rows: np.ndarray, probs: np.ndarray = probs, n: list = n) -> np.ndarray:
+            n[0] += 1
+            return probs[rows]
+
+        dec = decs[int(folds[j])]
+        filled, mask = adaptive_inference(lookup, len(probs), dec, video_id=videos[j]["video_id"], **kwargs)
+        pred.append({"video_id": videos[j]["video_id"], "events": dec(filled, ids)})
+        inferred += int(mask.sum())
+        frames += len(probs)
+        calls.append(n[0])
+    return {
+        "pred": {"videos": pred},
+        "fraction": inferred / frames,
+        "calls": float(np.mean(calls)),
+        "max_calls": int(np.max(calls)),
+        "seconds": time.perf_counter() - t,
+    }
+
+
+def method_name(kwargs: dict) -> str:
+    if kwargs.get("stride", 8) == 1:
+        return "full"
+    if not kwargs.get("refine", True):
+        return f"strided k={kwargs['stride']}"
+    rest = ", ".join(f"{k} {v}" for k, v in kwargs.items() if k != "stride")
+    return f"coarse-to-fine k={kwargs.get('stride', 8)}" + (f" ({rest})" if rest else "")
+
+
+def cmd_simulated(args: argparse.Namespace) -> None:
+    from monai_vce.metrics import temporal_map
+    from monai_vce.postprocessing import video_folds
+
+    videos = _load(args.gt)["videos"]
+    levels = args.levels
+    if args.quick:
+        videos, levels = videos[:16], levels[:1]
+    work_dir = Path(args.work_dir or tempfile.mkdtemp(prefix="frame_reduction_"))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    folds = video_folds(len(videos), args.folds, args.seed)
+    methods = [{"stride": 1}] + [{"stride": k, "refine": False} for k in args.strides]
+    methods += [json.loads(text) for text in args.refine]
+    load = os.getloadavg()
+    print(
+        f"{len(videos)} videos ({args.folds}-fold cross-fitted decoders, {args.rounds} tuning rounds), seed {args.seed}; "
+        f"load average before: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} on {os.cpu_count()} cores",
+        flush=True,
+    )
+    rows = []
+    for name, level in noise_variants(levels, args.noise).items():
+        sim = simulate(videos, level, args.seed)
+        decoders = tuned_decoders(sim, folds, level, args.seed, args.rounds, work_dir)
+        gt = {"videos": [{"video_id": v["video_id"], "events": v["events"]} for v in videos]}
+        base = None
+        for kwargs in methods:
+            res = run_method(sim, videos, decoders, folds, kwargs)
+            score = temporal_map(gt, res["pred"], validate=False)
+            m5, m95 = score["mAP@0.5"], score["mAP@0.95"]
+            if base is None:
+                base = (m5, m95)
+            rows.append((name, method_name(kwargs), res, m5, m95, m5 - base[0], m95 - base[1]))
+            print(
+                f"[{name}] {method_name(kwargs)}: {100 * res['fraction']:.1f}% frames, "
+                f"mAP {m5:.4f} / {m95:.4f} ({res['seconds']:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    load = os.getloadavg()
+    print(f"load average after: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}")
+    print()
+    print("| noise | method | frames inferred | mAP@0.5 | change | mAP@0.95 | change | predict calls per video (max) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, method, res, m5, m95, d5, d95 in rows:
+        print(
+            f"| {name} | {method} | {100 * res['fraction']:.1f}% | {m5:.4f} | {d5:+.4f} | {m95:.4f} | {d95:+.4f} | "
+            f"{res['calls']:.1f} ({res['max_calls']}) |"
+        )
+
+
+def cmd_pipeline(args: argparse.Namespace) -> None:
+    import torch
+
+    from monai_vce.inference import ReducedInference
+    from monai_vce.metrics import temporal_map
+    from monai_vce.networks import TINY_MODEL_NAME, DiffAttnCLIPClassifier
+    from monai_vce.postprocessing import DecoderParams
+    from monai_vce.workflows import ensure_mini_galar, inference_datalist
+
+    torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
+    root = Path(args.data_dir or tempfile.mkdtemp(prefix="frame_reduction_data_"))
+    data = ensure_mini_galar(root / "mini_galar", videos=args.videos, frames_per_video=args.frames, size=args.size)
+    datalist = inference_datalist(data)
+    gt = _load(Path(data) / "ground_truth.json")
+    network = DiffAttnCLIPClassifier(backbone=TINY_MODEL_NAME, pretrained=False, image_size=64).eval()
+    decoder = DecoderParams.paper(anatomy={"enabled": True, "entry_cost": 0.0})
+    load = os.getloadavg()
+    print(
+        f"mini-Galar: {args.videos} videos x {args.frames} frames, {args.size} px PNG; tiny network (random weights, "
+        f"64 px), batch {args.batch_size}, {args.workers} workers, {args.threads} threads; load average before: "
+        f"{load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} on {os.cpu_count()} cores",
+        flush=True,
+    )
+    rows = []
+    for name, kwargs in (
+        ("full", {"stride": 1}),
+        ("strided k=4", {"stride": 4, "refine": False}),
+        ("coarse-to-fine k=8", {"stride": 8}),
+    ):
+        out = root / name.replace(" ", "_").replace("=", "")
+        runner = ReducedInference(
+            network,
+            datalist,
+            out / "probs",
+            events_file=out / "events.json",
+            decoder=decoder,
+            image_size=64,
+            batch_size=args.batch_size,
+            num_workers=args.workers,
+            resume=False,
+            progress=False,
+            **kwargs,
+        )
+        t = time.perf_counter()
+        path = runner.run()
+        wall = time.perf_counter() - t
+        score = temporal_map(gt, path)
+        inferred = sum(s["inferred"] for s in runner.stats.values())
+        frames = sum(s["frames"] for s in runner.stats.values())
+        rows.append((name, wall, inferred, frames, runner.predictor.seconds, score["mAP@0.5"], score["mAP@0.95"]))
+    load = os.getloadavg()
+    print(f"load average after: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}")
+    print()
+    print("| inference | frames inferred | wall s | network + loading s | frames/s of the video | mAP@0.5 | mAP@0.95 |")
+    print("|---|---|---|---|---|---|---|")
+    for name, wall, inferred, frames, model_s, m5, m95 in rows:
+        print(
+            f"| {name} | {inferred}/{frames} ({100 * inferred / frames:.1f}%) | {wall:.2f} | {model_s:.2f} | "
+            f"{frames / wall:.0f} | {m5:.4f} | {m95:.4f} |"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command")
+    s = sub.add_parser("simulated", help="simulated probabilities of the 80 Galar timelines (default)")
+    s.add_argument("--gt", default=str(GALAR), help="ground-truth event JSON (index units)")
+    s.add_argument("--levels", nargs="*", default=["low", "medium", "high"], help="noise levels")
+    s.add_argument("--noise", nargs="*", default=[], help="extra noise variants NAME=JSON (see the docstring)")
+    s.add_argument("--folds", type=int, default=4)
+    s.add_argument("--rounds", type=int, default=2, help="tuning rounds of the decoder")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--strides", type=int, nargs="*", default=[2, 4, 8, 16])
+    s.add_argument("--refine", nargs="*", default=list(DEFAULT_REFINE), help="coarse-to-fine settings, JSON each")
+    s.add_argument("--work-dir", default=None, help="cache of the tuned decoders")
+    s.add_argument("--quick", action="store_true", help="16 videos, the first level only")
+    p = sub.add_parser("pipeline", help="the real pipeline on a generated mini-Galar")
+    p.add_argument("--videos", type=int, default=4)
+    p.add_argument("--frames", type=int, default=400)
+    p.add_argument("--size", type=int, default=64, help="PNG size of the generated frames")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--data-dir", default=None)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("simulated", "pipeline", "-h", "--help"):
+        argv = ["simulated", *argv]
+    args = parser.parse_args(argv)
+    {"simulated": cmd_simulated, "pipeline": cmd_pipeline}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

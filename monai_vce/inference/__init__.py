@@ -1,0 +1,53 @@
+"""Reduced inference: fewer frames of a video through the network, the others filled in before decoding.
+
+- :func:`adaptive_inference`: strided inference, coarse-to-fine refinement aimed at the decoder's decisions and
+  near-duplicate skipping, for one video given a ``predict(rows)`` function;
+- :class:`DecoderTarget`: which unknown frames can still change the decoded events;
+- :func:`interpolate_probs`: logit-space interpolation of the frames not inferred;
+- :class:`FrameSignatured` and :func:`duplicate_anchors`: per-frame signatures computed in the loader and the
+  frames they let skip;
+- :class:`FramePredictor` and :class:`ReducedInference`: the per-video driver around a network and a frame
+  datalist (batched, resumable, progress in frames inferred per video).
+
+The numpy parts import without torch; the loader and network parts are imported on first use.
+"""
+
+from __future__ import annotations
+
+from .adaptive import adaptive_inference, resolve_budget, strided_rows
+from .duplicates import duplicate_anchors, signature_distance
+from .interpolation import interpolate_probs, knot_brackets
+from .refinement import DecoderTarget, dilate_frames
+
+__all__ = [
+    "adaptive_inference",
+    "resolve_budget",
+    "strided_rows",
+    "DecoderTarget",
+    "dilate_frames",
+    "interpolate_probs",
+    "knot_brackets",
+    "signature_distance",
+    "duplicate_anchors",
+    "SIGNATURE_KEY",
+    "FrameSignatured",
+    "frame_signature",
+    "FramePredictor",
+    "ReducedInference",
+]
+
+_LAZY = {
+    "SIGNATURE_KEY": "signature",
+    "FrameSignatured": "signature",
+    "frame_signature": "signature",
+    "FramePredictor": "driver",
+    "ReducedInference": "driver",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from importlib import import_module
+
+        return getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

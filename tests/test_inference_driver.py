@@ -1,0 +1,130 @@
+"""The reduced-inference driver on generated frames: signatures in the loader, the tiny network, files, resume."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from monai_vce.data import LoadVCEFramed
+from monai_vce.data.synthetic import generate_mini_galar
+from monai_vce.inference import FramePredictor, FrameSignatured, ReducedInference, duplicate_anchors, frame_signature
+from monai_vce.labels import NUM_LABELS
+from monai_vce.networks import TINY_MODEL_NAME, DiffAttnCLIPClassifier
+from monai_vce.workflows import inference_datalist
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mini")
+    generate_mini_galar(root, videos=2, frames_per_video=40, size=32, seed=3, naming="galar")
+    return root
+
+
+@pytest.fixture(scope="module")
+def network():
+    torch.manual_seed(0)
+    return DiffAttnCLIPClassifier(backbone=TINY_MODEL_NAME, pretrained=False, image_size=64).eval()
+
+
+def lingering_copy(mini, tmp_path):
+    """The mini-Galar with frames 10-19 of video 1 replaced by copies of frame 10 (a capsule that lingers)."""
+    root = tmp_path / "lingering"
+    shutil.copytree(mini, root)
+    data = inference_datalist(root / "frames", videos=["1"])
+    for item in data[11:20]:
+        shutil.copyfile(data[10]["image"], item["image"])
+    return data
+
+
+def test_signature_transform_on_generated_frames(mini, tmp_path):
+    data = lingering_copy(mini, tmp_path)
+    load = LoadVCEFramed(keys="image", image_size=64)
+    sign = FrameSignatured(keys="image", size=8)
+    items = [sign(load(d)) for d in data]
+    assert all(i["signature"].dtype == torch.uint8 and i["signature"].shape == (64,) for i in items)
+    assert items[0]["image"].shape == (3, 64, 64)  # the image is left as it is
+    sig = np.stack([i["signature"].numpy() for i in items])
+    assert (sig[11:20] == sig[10]).all()
+    # generated frames differ from one another (sensor noise, moving lumen): no frame is skipped at tolerance 0,
+    # the copies are at a small tolerance, and the others are not
+    assert np.array_equal(duplicate_anchors(sig, 0.0), np.arange(len(sig)))
+    anchors = duplicate_anchors(sig, 0.5)
+    assert (anchors[11:20] == 10).all()
+    assert np.array_equal(np.delete(anchors, np.arange(11, 20)), np.delete(np.arange(len(sig)), np.arange(11, 20)))
+    # float frames in [0, 1] give the same signature as their uint8 source
+    img = items[3]["image"]
+    assert torch.equal(frame_signature(img.float() / 255, 8), frame_signature(img, 8))
+    with pytest.raises(ValueError, match="expected a"):
+        frame_signature(torch.zeros(4, 8, 8))
+
+
+def test_frame_predictor_matches_the_network(mini, network):
+    from monai_vce.data import vce_val_transforms
+
+    data = inference_datalist(mini / "frames", videos=["1"])
+    predict = FramePredictor(network, data, image_size=64, batch_size=7)
+    rows = np.array([0, 3, 5, 17, 39])
+    out = predict(rows)
+    assert out.shape == (5, NUM_LABELS) and out.dtype == np.float32
+    transform = vce_val_transforms(image_size=64)
+    x = torch.stack([transform(dict(data[i]))["image"] for i in rows.tolist()]).float() / 255
+    with torch.inference_mode():
+        ref = torch.sigmoid(network(x)).numpy()
+    np.testing.assert_allclose(out, ref, atol=1e-5)
+    with pytest.raises(ValueError, match="rows must lie in"):
+        predict(np.array([40]))
+
+
+def test_reduced_inference_files_events_and_resume(mini, network, tmp_path):
+    data = inference_datalist(mini / "frames")
+    full = ReducedInference(network, data, tmp_path / "full", stride=1, image_size=64, batch_size=16, progress=False)
+    events_path = full.run()
+    events = json.loads(events_path.read_text())
+    assert [v["video_id"] for v in events["videos"]] == ["1", "2"]
+    with np.load(tmp_path / "full" / "1.npz") as z:
+        full_probs = z["probs"]
+        assert z["inferred"].all() and z["probs"].shape == (40, NUM_LABELS)
+
+    out = tmp_path / "reduced"
+    run = ReducedInference(
+        network, data, out, stride=8, refine=False, image_size=64, batch_size=16, progress=False, source="model-a"
+    )
+    run.run()
+    with np.load(out / "1.npz") as z:
+        inferred = z["inferred"]
+        assert inferred.sum() == 6 and inferred[[0, 8, 16, 24, 32, 39]].all()
+        np.testing.assert_allclose(z["probs"][inferred], full_probs[inferred], atol=1e-5)
+        assert z["frame_index"].tolist() == list(range(40))
+        assert "reduced(stride=8" in str(z["source"])
+    assert run.stats["1"] == {"frames": 40, "inferred": 6, "seconds": pytest.approx(run.stats["1"]["seconds"])}
+    events = json.loads((out / "events.json").read_text())
+    assert [v["video_id"] for v in events["videos"]] == ["1", "2"]
+
+    # a rerun with the same model and settings infers nothing; other settings recompute
+    again = ReducedInference(
+        network, data, out, stride=8, refine=False, image_size=64, batch_size=16, progress=False, source="model-a"
+    )
+    again.run()
+    assert again.predictor.frames_inferred == 0
+    other = ReducedInference(
+        network, data, out, stride=4, refine=False, image_size=64, progress=False, source="model-a"
+    )
+    other.run()
+    assert other.predictor.frames_inferred == 2 * 11
+
+
+def test_reduced_inference_skips_near_duplicates(mini, network, tmp_path):
+    data = lingering_copy(mini, tmp_path)
+    common = {"stride": 1, "image_size": 64, "batch_size": 16, "progress": False, "events_file": None}
+    run = ReducedInference(network, data, tmp_path / "dup", duplicate_tolerance=0.5, **common)
+    run.run()
+    with np.load(tmp_path / "dup" / "1.npz") as z:
+        assert z["inferred"].sum() == 31 and not z["inferred"][11:20].any()
+        assert np.array_equal(z["probs"][11:20], np.repeat(z["probs"][10:11], 9, axis=0))
+    off = ReducedInference(network, data, tmp_path / "off", duplicate_tolerance=0.0, **common)
+    off.run()
+    assert off.predictor.frames_inferred == 40
