@@ -13,8 +13,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import cast
 
-from monai_vce.data.galar import build_galar_datalist, build_ground_truth, build_inference_datalist
+from monai_vce.data.galar import build_galar_datalist, build_ground_truth, build_inference_datalist, discover_videos
 from monai_vce.events.units import FrameUnits
+from monai_vce.utils import natural_key
 
 __all__ = ["check_folder", "galar_datalist", "galar_ground_truth", "inference_datalist"]
 
@@ -24,9 +25,12 @@ PathLike = str | os.PathLike
 def check_folder(path: PathLike, what: str = "dataset folder") -> str:
     """Return ``path`` as a string, or raise ``FileNotFoundError`` naming it and the config key to change."""
     if not Path(path).is_dir():
+        config, example = (
+            ("inference.json", "/data/galar_test") if what == "input folder" else ("train.json", "/data/galar")
+        )
         raise FileNotFoundError(
-            f"{what} {path} not found; pass the right one on the command line, e.g. --dataset_dir /data/galar "
-            f"(or use the demo: --config_file \"['bundle/configs/train.json','bundle/configs/demo.json']\")"
+            f"{what} {path} not found; pass the right one on the command line, e.g. --dataset_dir {example} "
+            f"(or use the demo's: --config_file \"['bundle/configs/{config}','bundle/configs/demo.json']\")"
         )
     return str(path)
 
@@ -64,6 +68,12 @@ def galar_ground_truth(
 def inference_datalist(dataset_dir: PathLike, videos: Iterable[str] | None = None) -> list[dict]:
     """Unlabelled frame datalist of a folder of videos (``<dir>/frames/<video_id>/`` or ``<dir>/<video_id>/``).
 
+    The frame ids follow the folder: a video with a label CSV (``<dir>/labels/<video_id>.csv``, the Galar layout)
+    takes its ``frame_index`` from the CSV's ``index`` column (the ground truth's units, as in training), so that
+    inference on a labelled folder writes events in the units of its ground truth; frames without a label row
+    are then left out, as :func:`monai_vce.data.build_galar_datalist` does. A video without one takes the number
+    in the file name (:func:`monai_vce.data.build_inference_datalist`). The labels themselves are dropped.
+
     A datalist JSON file (a list of frame dicts, or ``{"testing": [...]}``) is also accepted in place of the
     folder.
     """
@@ -79,4 +89,17 @@ def inference_datalist(dataset_dir: PathLike, videos: Iterable[str] | None = Non
     root = Path(check_folder(path, "input folder"))
     frames = root / "frames" if (root / "frames").is_dir() else root
     meta = root / "metadata.csv"
-    return build_inference_datalist(frames, videos=videos, metadata_csv=meta if meta.is_file() else None)
+    metadata = meta if meta.is_file() else None
+    labels = root / "labels"
+    csvs = {p.stem for p in labels.glob("*.csv")} if labels.is_dir() and frames != root else set()
+    if not csvs:
+        return build_inference_datalist(frames, videos=videos, metadata_csv=metadata)
+    found = list(videos) if videos is not None else list(discover_videos(frames))
+    labelled = [str(v) for v in found if str(v) in csvs]
+    other = [str(v) for v in found if str(v) not in csvs]
+    items = build_galar_datalist(frames, labels, metadata_csv=metadata, videos=labelled) if labelled else []
+    out = [{k: v for k, v in d.items() if k != "label"} for d in cast(list[dict], items)]
+    if other:
+        out += build_inference_datalist(frames, videos=other, metadata_csv=metadata)
+    order = {v: i for i, v in enumerate(sorted(labelled + other, key=natural_key))}
+    return sorted(out, key=lambda d: order[str(d["video_id"])])

@@ -6,6 +6,8 @@
 - :mod:`~monai_vce.events.composition`: per-frame label activity <-> events, and the confidence of events;
 - :mod:`~monai_vce.events.ground_truth`: the one ground-truth builder (the challenge's rule, from label rows);
 - :mod:`~monai_vce.events.validation`: validation, reading and writing of event JSON files;
+- :mod:`~monai_vce.events.metadata`: the frame units of an event file, recorded beside it (``<name>.meta.json``),
+  and the conversion of events between the two units;
 - :mod:`~monai_vce.events.probabilities`: the per-video probability files ``<video_id>.npz`` and the resume
   of an interrupted inference.
 
@@ -28,6 +30,15 @@ from .composition import (
     runs_to_events,
 )
 from .ground_truth import ground_truth_events
+from .metadata import (
+    EVENTS_META_SUFFIX,
+    convert_events,
+    describe_events_file,
+    events_meta_path,
+    read_events_meta,
+    read_frame_units,
+    write_events_meta,
+)
 from .probabilities import (
     PROBS_SUFFIX,
     VideoArrays,
@@ -85,6 +96,14 @@ __all__ = [
     "load_events",
     "save_events",
     "to_challenge_format",
+    # frame units of event files
+    "EVENTS_META_SUFFIX",
+    "events_meta_path",
+    "write_events_meta",
+    "read_events_meta",
+    "read_frame_units",
+    "describe_events_file",
+    "convert_events",
     # probability files
     "PROBS_SUFFIX",
     "VideoArrays",

@@ -244,17 +244,44 @@ def completed_videos(
     A file is complete when it exists (files are written atomically), passes :func:`load_video_probs`'s checks,
     holds as many frames as the datalist has for that video (a video folder that grew since is recomputed) and, when ``source`` is
     given, was written from that source (:func:`model_fingerprint`: a retrained model recomputes everything).
+
+    Raises:
+        ValueError: a complete file of the same source holds other frame ids than the datalist (e.g. written from a
+            labelled datalist, whose ``frame_index`` is the labels' ``index``, and resumed with one whose
+            ``frame_index`` is the file-name number): reusing it would mix frame units in one event file.
     """
-    counts: dict[str, int] = {}
+    ids: dict[str, tuple[list[Any], list[Any]]] = {}
     for d in datalist:
-        vid = str(d["video_id"])
-        counts[vid] = counts.get(vid, 0) + 1
+        index, number = ids.setdefault(str(d["video_id"]), ([], []))
+        index.append(d.get("frame_index"))
+        number.append(d.get("frame_number"))
     out = []
-    for vid, n in counts.items():
-        record = npz_record(probability_file(probs_dir, vid))
-        if record is not None and record[0] == n and (source is None or record[1] == source):
+    for vid, (index, number) in ids.items():
+        path = probability_file(probs_dir, vid)
+        try:
+            video = load_video_probs(path)
+        except (OSError, ValueError):
+            continue
+        if len(video) != len(index) or (source is not None and video.source != source):
+            continue
+        if any(i is None for i in index) or any(n is None for n in number):  # items without frame ids
             out.append(vid)
+            continue
+        order = np.argsort(index, kind="stable")
+        want_index, want_number = np.asarray(index)[order], np.asarray(number)[order]
+        if not (np.array_equal(video.frame_index, want_index) and np.array_equal(video.frame_number, want_number)):
+            raise ValueError(
+                f"probability file {path} holds other frame ids than this run's frames of video {vid} (frame_index "
+                f"{_id_range(video.frame_index)}, frame_number {_id_range(video.frame_number)} in the file; "
+                f"{_id_range(want_index)} and {_id_range(want_number)} here): resuming would mix frame units in "
+                "one event file; rerun with --resume False or another output folder"
+            )
+        out.append(vid)
     return out
+
+
+def _id_range(ids: np.ndarray) -> str:
+    return f"{int(ids[0])}..{int(ids[-1])}" if len(ids) else "none"
 
 
 def pending_frames(

@@ -24,6 +24,9 @@ import numpy as np
 from monai_vce.labels import LABELS
 from monai_vce.utils import atomic_write_json
 
+from .metadata import write_events_meta
+from .units import FrameUnits
+
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_EVENTS",
@@ -348,6 +351,8 @@ def save_events(
     obj: Mapping[str, Any],
     gt: Mapping[str, Any] | None = None,
     indent: int | None = 2,
+    frame_units: FrameUnits | str | None = None,
+    videos: Mapping[str, Mapping[str, int]] | None = None,
 ) -> Path:
     """Write an event JSON file atomically after converting it with :func:`to_challenge_format` and validating it.
 
@@ -356,6 +361,9 @@ def save_events(
         obj: the event JSON object (extra event keys such as ``score`` are dropped).
         gt: optional ground truth whose video ids the file must match.
         indent: JSON indentation; ``None`` for the most compact form.
+        frame_units: the units of the frames; recorded in the sidecar ``<name>.meta.json``
+            (:mod:`monai_vce.events.metadata`), which every writer of the package gives.
+        videos: optional per-video ``{"frames", "first", "last"}`` recorded in the sidecar.
 
     Returns:
         The destination path.
@@ -364,6 +372,9 @@ def save_events(
         ValueError: the content is invalid; nothing is written then.
     """
     data = to_challenge_format(obj)
-    return atomic_write_json(
+    out = atomic_write_json(
         path, data, indent=indent, validate=lambda o: check_events(o, gt=gt, source=str(path), max_events=None)
     )
+    if frame_units is not None:
+        write_events_meta(out, frame_units, videos)
+    return out

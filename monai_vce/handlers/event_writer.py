@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from monai.utils import IgniteInfo, min_version, optional_import
 
+from monai_vce.events.metadata import describe_events_file
 from monai_vce.events.probabilities import (
     VideoArrays,
     load_video_probs,
@@ -183,19 +184,30 @@ class TemporalEventWriter:
                 f"no probability file for video(s) {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''} "
                 f"in {self.output_dir}: run inference on them first"
             )
+        frames: dict[str, dict[str, int]] = {}
         for vid in self.video_ids():
             video = load_video_probs(probability_file(self.output_dir, vid))
-            events = decoder(video.probs, video.frame_ids(units), video_id=vid) if len(video) else []
+            ids = video.frame_ids(units)
+            events = decoder(video.probs, ids, video_id=vid) if len(video) else []
             out["videos"].append({"video_id": vid, "events": list(events)})
-        path = save_events(self.events_file, out)
+            if len(video):
+                frames[vid] = {"frames": len(video), "first": int(ids[0]), "last": int(ids[-1])}
+        path = save_events(self.events_file, out, frame_units=units, videos=frames)
         n_events = sum(len(v["events"]) for v in out["videos"])
-        self.logger.info(f"wrote {n_events} events of {len(out['videos'])} videos: {path}")
+        self.logger.info(f"wrote {n_events} events of {len(out['videos'])} videos: {describe_events_file(path, units)}")
         if self.report_dir is not None:
-            self.write_report(out, units)
+            self.write_report(out, units, events_file=path)
         return path
 
-    def write_report(self, events: Mapping[str, Any], frame_units: FrameUnits | str) -> Path | None:
+    def write_report(
+        self, events: Mapping[str, Any], frame_units: FrameUnits | str, events_file: PathLike | None = None
+    ) -> Path | None:
         """Draw the timelines of ``events`` (with the probabilities of ``output_dir``) under ``report_dir``.
+
+        Args:
+            events: the event JSON object.
+            frame_units: its frame units.
+            events_file: the file ``events`` was written to, named on the summary page.
 
         Returns:
             ``report_dir``, or ``None`` when matplotlib is missing (a warning says so) or no report is asked.
@@ -213,7 +225,10 @@ class TemporalEventWriter:
             )
         try:
             write_report(
-                events, self.report_dir, probs_dir=None if strays else self.output_dir, frame_units=frame_units
+                events_file if events_file is not None else events,
+                self.report_dir,
+                probs_dir=None if strays else self.output_dir,
+                frame_units=frame_units,
             )
         except ImportError as e:  # matplotlib is an optional extra
             self.logger.warning(f"report not drawn ({e}); install monai-vce[report] for timelines")

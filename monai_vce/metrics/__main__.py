@@ -8,6 +8,11 @@ Prints one JSON object (``mAP@0.5``, ``mAP@0.95``, ``per_label``, ``per_video``,
 reported one problem per line on stderr with exit code 2. As the challenge does, a prediction whose video
 ids differ from the ground truth's is refused; ``--allow-missing-videos`` scores missing videos as empty
 predictions and ignores extra ones instead.
+
+Frame units: the units each file records beside it (``<name>.meta.json``, :mod:`monai_vce.events.metadata`) are
+compared; files in different units are refused with a one-line message, or, with ``--probs DIR`` (probability
+files hold both frame ids of every frame), the prediction is converted into the ground truth's units first. The
+result names the units it was scored in (``frame_units``; ``null`` when neither file records them).
 """
 
 from __future__ import annotations
@@ -17,7 +22,11 @@ import json
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
+from monai_vce.events.metadata import convert_events, describe_events_file, read_frame_units
+from monai_vce.events.probabilities import load_video_probs, probability_file
+from monai_vce.events.units import FrameUnits
 from monai_vce.events.validation import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, load_events, validate_events
 from monai_vce.utils import atomic_write_json
 
@@ -47,8 +56,53 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-events", type=int, default=DEFAULT_MAX_EVENTS, help="largest accepted number of events per file"
     )
+    p.add_argument(
+        "--probs",
+        default=None,
+        help="folder of the prediction's probability files <video_id>.npz: converts a prediction recorded in other "
+        "frame units than the ground truth into the ground truth's units",
+    )
     p.add_argument("--indent", type=int, default=2, help="JSON indentation of the printed result (-1: compact)")
     return p
+
+
+def _same_units(args: argparse.Namespace, objs: dict[str, Any]) -> tuple[FrameUnits | None, str | None]:
+    """The units the files are scored in, converting the prediction with ``--probs`` when they differ.
+
+    Returns:
+        ``(units, problem)``: ``problem`` is the one-line refusal, or ``None``.
+    """
+    gt_units, pred_units = read_frame_units(args.gt), read_frame_units(args.pred)
+    if gt_units is None or pred_units is None:
+        known = gt_units or pred_units
+        if known is not None:
+            missing = args.pred if pred_units is None else args.gt
+            print(
+                f"note: {missing} records no frame units; scored as {known.value} like the other file", file=sys.stderr
+            )
+        return known, None
+    if gt_units is pred_units:
+        return gt_units, None
+    if args.probs is None:
+        return gt_units, (
+            f"frame units differ: {describe_events_file(args.gt, gt_units)}, {describe_events_file(args.pred, pred_units)}; "
+            "pass --probs PROBS_DIR (the prediction's probability files hold both frame ids) to convert, "
+            "or score files in the same units"
+        )
+    try:
+        ids = {}
+        for v in objs["prediction"]["videos"]:
+            video = load_video_probs(probability_file(args.probs, v["video_id"]))
+            ids[str(v["video_id"])] = (video.frame_index, video.frame_number)
+        objs["prediction"] = convert_events(objs["prediction"], pred_units, gt_units, ids, source=args.pred)
+    except (FileNotFoundError, ValueError) as e:
+        return gt_units, f"cannot convert {args.pred} to {gt_units.value} units: {e}"
+    print(
+        f"note: converted {describe_events_file(args.pred, pred_units)} to {gt_units.value} units with the frame ids "
+        f"of {args.probs}",
+        file=sys.stderr,
+    )
+    return gt_units, None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -76,6 +130,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             pred, gt=None if args.allow_missing_videos or problems else gt, max_events=args.max_events
         )
         problems += [f"{args.pred}: {p}" for p in pred_problems]
+    units = None
+    if not problems:
+        units, problem = _same_units(args, objs)
+        if problem:
+            problems.append(problem)
     if not problems:
         try:
             result = temporal_map(
@@ -86,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 2
+    result["frame_units"] = None if units is None else units.value
     indent = None if args.indent < 0 else args.indent
     if args.out:
         atomic_write_json(args.out, result, indent=indent)

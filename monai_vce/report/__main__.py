@@ -13,7 +13,6 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-from monai_vce.events.units import FrameUnits
 from monai_vce.report.summary import write_report
 from monai_vce.report.timeline import UNITS
 
@@ -29,9 +28,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="report folder (created when missing)")
     parser.add_argument(
         "--frame-units",
-        default=FrameUnits.FRAME_INDEX.value,
+        default=None,
         choices=UNITS,
-        help="frame units of the event files (default: frame_index)",
+        help="frame units of the event files (default: the units recorded beside them, <name>.meta.json, else "
+        "frame_index); files recorded in other units are refused",
     )
     parser.add_argument("--units", default=None, help=argparse.SUPPRESS)  # former name of --frame-units
     parser.add_argument("--videos", nargs="+", default=None, help="report only these video ids, in this order")
@@ -53,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             {
                 "mAP@0.5": metrics["mAP@0.5"] if metrics else None,
                 "mAP@0.95": metrics["mAP@0.95"] if metrics else None,
+                "frame_units": result["frame_units"],
                 "summary_md": str(result["summary_md"]),
                 "summary_png": str(result["summary_png"]) if result["summary_png"] else None,
                 "summary_json": str(result["summary_json"]),

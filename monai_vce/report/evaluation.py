@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 
 from monai_vce.data.splits import group_by_video
-from monai_vce.events import load_events
+from monai_vce.events import load_events, save_events
 from monai_vce.events.ground_truth import ground_truth_events
+from monai_vce.events.metadata import describe_events_file, read_frame_units
 from monai_vce.events.probabilities import load_video_probs, probability_file
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import LABELS
@@ -84,14 +85,16 @@ def evaluation_report(
     frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
     draw: bool = True,
     ground_truth: Mapping[str, Any] | None = None,
+    report_dir: PathLike | None = None,
 ) -> dict[str, Any] | None:
     """Score an evaluation's event JSON against the ground truth; print and save the result.
 
-    Writes ``<output_dir>/ground_truth.json`` and ``<output_dir>/metrics.json`` (the
-    :func:`monai_vce.metrics.temporal_map` result, plus ``frame_AP``: the frame-level average precision of each
-    label, ``None`` for a label without positive frames, when ``probs_dir`` is given), and the report of
-    :func:`monai_vce.report.write_report` under ``<output_dir>/report`` when matplotlib is installed. Runs on
-    rank 0 only in distributed runs.
+    Writes ``<output_dir>/ground_truth.json`` (with its frame units beside it, ``ground_truth.meta.json``) and
+    ``<output_dir>/metrics.json`` (the :func:`monai_vce.metrics.temporal_map` result, plus ``frame_AP``: the
+    frame-level average precision of each label, ``None`` for a label without positive frames, when ``probs_dir``
+    is given; and ``frame_units``), and the report of :func:`monai_vce.report.write_report` under ``report_dir``
+    (default ``<output_dir>/val_report``, apart from the ``report`` folder of an inference run in the same
+    ``output_dir``) when matplotlib is installed. Runs on rank 0 only in distributed runs.
 
     Args:
         events_file: the evaluation's event JSON.
@@ -103,9 +106,13 @@ def evaluation_report(
         ground_truth: the ground truth the challenge scores, from the labels CSVs
             (:func:`monai_vce.data.build_ground_truth`); ``None`` builds it from ``datalist``
             (:func:`datalist_ground_truth`).
+        report_dir: the report's folder; ``None`` for ``<output_dir>/val_report``.
 
     Returns:
         The metric result (``None`` on other ranks).
+
+    Raises:
+        ValueError: the event file records other frame units than ``frame_units``.
     """
     try:
         import torch.distributed as dist  # here, not at the top: the report package does not need torch
@@ -121,17 +128,30 @@ def evaluation_report(
     else:
         wanted = {str(d["video_id"]) for d in datalist}
         gt = {"videos": [v for v in ground_truth["videos"] if str(v["video_id"]) in wanted]}
+    recorded = read_frame_units(events_file)
+    if recorded is not None and recorded is not units:
+        raise ValueError(
+            f"{describe_events_file(events_file, recorded)}: the evaluation scores {units.value} units; "
+            f"evaluate with frame_units={recorded.value!r} or rewrite the events in {units.value} units"
+        )
     pred = load_events(events_file)
     result = temporal_map(gt, pred)
     if probs_dir is not None:
         result["frame_AP"] = _frame_ap(datalist, probs_dir)
-    atomic_write_json(out / "ground_truth.json", gt)
+    result["frame_units"] = units.value
+    save_events(out / "ground_truth.json", gt, frame_units=units)
     atomic_write_json(out / "metrics.json", result)
     summary = {k: result[k] for k in ("mAP@0.5", "mAP@0.95") if k in result}
-    print(json.dumps({"events_file": str(events_file), "videos": len(gt["videos"]), **summary}), flush=True)
+    print(
+        json.dumps(
+            {"events_file": str(events_file), "frame_units": units.value, "videos": len(gt["videos"]), **summary}
+        ),
+        flush=True,
+    )
     if draw:
         try:
-            write_report(pred, out / "report", gt=gt, probs_dir=probs_dir, frame_units=units)
+            report = Path(report_dir) if report_dir is not None else out / "val_report"
+            write_report(events_file, report, gt=out / "ground_truth.json", probs_dir=probs_dir, frame_units=units)
         except ImportError as e:  # matplotlib is an optional extra
             logger.warning(f"report not drawn ({e}); install monai-vce[report] for timelines")
     return result

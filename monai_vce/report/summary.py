@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from monai_vce.events.metadata import convert_events, describe_events_file, events_meta_path, read_frame_units
 from monai_vce.events.probabilities import load_video_probs, probability_file, probability_files, video_file_name
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.events.validation import check_events, load_events
@@ -299,7 +300,7 @@ def draw_summary(
     for tick, name in zip(ax_lab.get_yticklabels(), LABELS, strict=False):
         tick.set_color("#1a1a1a" if name in ANATOMY else "#7a1f1f")
     ax_lab.set_ylim(NUM_LABELS - 0.5, -0.5)
-    ax_lab.set_xlim(1.0, 0.0)  # mirrored so the bars grow towards the label names
+    ax_lab.set_xlim(0.0, 1.0)
     ax_lab.yaxis.tick_left()
     ax_lab.set_xlabel("AP per label (mean over videos)", fontsize=9)
     ax_lab.axhline(len(ANATOMY) - 0.5, color="#999999", lw=0.8)
@@ -309,13 +310,13 @@ def draw_summary(
     ax_lab.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, frameon=False)
     for i in range(NUM_LABELS):
         for value, y in ((a5[i], i - h / 2), (a95[i], i + h / 2)):
-            inside = value > 0.85  # near 1 the value is written inside the bar, clear of the label names
+            inside = value > 0.85  # near 1 the value is written inside the bar, clear of the presence matrix
             ax_lab.text(
                 value,
                 y,
                 f" {value:.2f} ",
                 va="center",
-                ha="left" if inside else "right",
+                ha="right" if inside else "left",
                 fontsize=6.5,
                 color="white" if inside else "#333333",
             )
@@ -442,6 +443,29 @@ def _load_event_json(obj: Any, role: str) -> tuple[dict[str, Any], str]:
     return load_events(path), str(path)
 
 
+def _recorded_units(obj: Any, wanted: FrameUnits | str | None, role: str) -> FrameUnits | None:
+    """The units recorded beside an event file (``None`` for an object or a file without them); refuses a
+    recording that contradicts the units the caller states."""
+    if isinstance(obj, Mapping):
+        return None
+    recorded = read_frame_units(obj)
+    if recorded is not None and wanted is not None and recorded is not as_frame_units(wanted):
+        raise ValueError(
+            f"the {role} {describe_events_file(obj, recorded)} is not in {as_frame_units(wanted).value} units "
+            f"(recorded in {events_meta_path(obj).name})"
+        )
+    return recorded
+
+
+def _frame_id_maps(probs_dir: str | os.PathLike, events: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{video_id: (frame_index, frame_number)}`` of the videos of ``events`` from their probability files."""
+    out = {}
+    for v in events["videos"]:
+        video = load_video_probs(probability_file(probs_dir, v["video_id"]))
+        out[str(v["video_id"])] = (video.frame_index, video.frame_number)
+    return out
+
+
 @renamed_arguments(units="frame_units")
 def load_probabilities(
     path: str | os.PathLike, frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX
@@ -482,7 +506,7 @@ def write_report(
     out_dir: str | os.PathLike,
     gt: str | os.PathLike | Mapping[str, Any] | None = None,
     probs_dir: str | os.PathLike | None = None,
-    frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
+    frame_units: FrameUnits | str | None = None,
     videos: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Write the report of a prediction: one timeline PNG per video and a summary (Markdown, PNG, JSON).
@@ -496,7 +520,15 @@ def write_report(
 
     With ground truth, the scores are those of :func:`monai_vce.metrics.temporal_map` on the reported videos
     (all of them unless ``videos`` narrows it). Without it (inference), the timelines and the list of
-    predicted labels per video are written, with no score. Every file is written atomically.
+    predicted labels per video are written, with no score. Every file is written atomically. The report owns
+    ``out_dir/timelines``: timelines of videos not in this report, left by an earlier report in the same folder,
+    are removed, as is a ``summary.png`` a report without ground truth does not draw, so that the folder holds
+    exactly what ``summary.md`` lists.
+
+    Frame units: those recorded beside the event files (``<name>.meta.json``, :mod:`monai_vce.events.metadata`)
+    are checked against ``frame_units``. When the prediction and the ground truth record different units, the
+    prediction is converted into the ground truth's units with the frame ids of ``probs_dir`` (which hold both ids
+    of every frame), or refused without it.
 
     Args:
         pred: the prediction event JSON (path or parsed object; an object may carry extra event keys such as
@@ -506,26 +538,37 @@ def write_report(
         probs_dir: optional folder of per-video probability files ``<video_id>.npz``, drawn as traces; every
             reported video needs one and every file must belong to a video of the prediction.
         frame_units: frame units of the event files, ``"frame_index"`` or ``"frame_number"`` (formerly
-            ``units``); selects the id column
-            of the probability files and names the frame axis.
+            ``units``); selects the id column of the probability files and names the frame axis. ``None``: the
+            units recorded beside the files, else ``"frame_index"``.
         videos: optional subset of video ids to report, in this order; default all, in ground-truth order
             (prediction order without ground truth).
 
     Returns:
         ``{"timelines": {video_id: Path}, "summary_md": Path, "summary_png": Path | None,
-        "summary_json": Path, "metrics": dict | None}``.
+        "summary_json": Path, "metrics": dict | None, "frame_units": str}``.
 
     Raises:
         ImportError: matplotlib is not installed (``pip install monai-vce[report]``); nothing is written.
         FileNotFoundError: an input file or a video's probability file is missing.
-        ValueError: invalid event JSON, video ids that differ between the files, an unknown video, or
-            probabilities that do not match the events; the message names the file and video.
+        ValueError: invalid event JSON, video ids that differ between the files, an unknown video,
+            probabilities that do not match the events, or frame units that differ (from ``frame_units`` or
+            between the files, without ``probs_dir`` to convert); the message names the file and video.
     """
     require_matplotlib()
 
-    units = as_frame_units(frame_units)
     pred_obj, pred_src = _load_event_json(pred, "prediction")
     gt_obj, gt_src = _load_event_json(gt, "ground truth") if gt is not None else (None, None)
+    pred_units = _recorded_units(pred, frame_units, "prediction")
+    gt_units = _recorded_units(gt, frame_units, "ground truth") if gt is not None else None
+    units = as_frame_units(frame_units or gt_units or pred_units or FrameUnits.FRAME_INDEX)
+    if pred_units is not None and pred_units is not units:
+        if probs_dir is None:
+            raise ValueError(
+                f"frame units differ: {describe_events_file(pred_src, pred_units)}, "
+                f"{describe_events_file(gt_src or 'the ground truth', units)}; give the probability files (--probs) to convert, "
+                "or report files in the same units"
+            )
+        pred_obj = convert_events(pred_obj, pred_units, units, _frame_id_maps(probs_dir, pred_obj), pred_src)
     if gt_obj is not None:
         check_events(pred_obj, gt=gt_obj, source=f"{pred_src} (against the ground truth {gt_src})", strict=False)
     pred_videos = {v["video_id"]: v["events"] for v in pred_obj["videos"]}
@@ -579,6 +622,11 @@ def write_report(
         )
         timelines[vid] = atomic_write_bytes(out / "timelines" / video_file_name(vid, ".png"), figure_to_png(fig))
 
+    # the folder holds exactly this report: timelines of other videos from an earlier report go
+    kept = {p.name for p in timelines.values()}
+    for stale in (out / "timelines").glob("*.png"):
+        if stale.name not in kept:
+            stale.unlink(missing_ok=True)
     rel = {vid: f"timelines/{p.name}" for vid, p in timelines.items()}
     summary_png = None
     presence = None
@@ -587,6 +635,8 @@ def write_report(
         presence = presence_matrix({v: pred_videos[v] for v in order}, {v: gt_videos[v] for v in order})
         fig = draw_summary(metrics, presence)
         summary_png = atomic_write_bytes(out / "summary.png", figure_to_png(fig))
+    else:
+        (out / "summary.png").unlink(missing_ok=True)
     sources: dict[str, Any] = {
         "pred": pred_src,
         "gt": gt_src,
@@ -620,4 +670,5 @@ def write_report(
         "summary_png": summary_png,
         "summary_json": summary_json,
         "metrics": metrics,
+        "frame_units": units.value,
     }

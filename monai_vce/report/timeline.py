@@ -24,6 +24,7 @@ __all__ = [
     "PRED_COLOR",
     "GT_COLOR",
     "PROB_COLOR",
+    "PROB_LINE_COLOR",
     "SECTION_COLORS",
     "require_matplotlib",
     "label_intervals",
@@ -38,6 +39,7 @@ UNITS: tuple[str, ...] = tuple(u.value for u in FrameUnits)
 PRED_COLOR = "#1f5fa8"
 GT_COLOR = "#e8862a"
 PROB_COLOR = "#6f93bf"
+PROB_LINE_COLOR = "#2f5f95"
 #: One colour per anatomical section, used by the section band.
 SECTION_COLORS: dict[str, str] = {
     "mouth": "#c77cb0",
@@ -241,7 +243,8 @@ def draw_timeline(
             order = np.argsort(frame_ids, kind="stable")
             trace = max_pool_trace(frame_ids[order], probs[order], max_bins=max_bins)
 
-    # frame range: everything drawn
+    # frame range: everything drawn; the frame count is that of the video's frames when known (frame ids may skip)
+    n_frames = len(frame_ids) if probs is not None and frame_ids is not None else None
     lo_hi = [iv for ivs in (pred_iv, gt_iv or {}) for iv in ivs.values() if len(iv)]
     lo = min([int(iv[0, 0]) for iv in lo_hi], default=None)
     hi = max([int(iv[:, 1].max()) + 1 for iv in lo_hi], default=None)
@@ -281,9 +284,10 @@ def draw_timeline(
         edges, values = trace
         for i in range(len(LABELS)):
             base = i + 0.45
-            ax.fill_between(
-                edges, base, base - 0.85 * values[:, i], step="post", color=PROB_COLOR, alpha=0.3, lw=0, zorder=2
-            )
+            top = base - 0.85 * values[:, i]
+            ax.fill_between(edges, base, top, step="post", color=PROB_COLOR, alpha=0.45, lw=0, zorder=2)
+            # the outline keeps low, flat probabilities readable at a glance
+            ax.step(edges, top, where="post", color=PROB_LINE_COLOR, lw=0.7, zorder=2)
     # event boundaries inside merged bars: one line collection per lane and source
     pred_cuts = label_cuts(pred_events)
     gt_cuts = label_cuts(gt_events) if gt_events is not None else None
@@ -338,7 +342,7 @@ def draw_timeline(
     fig.text(
         0.01,
         0.925,
-        f"{hi - lo:,} frames ({axis_name} {lo:,} to {hi - 1:,})",
+        (f"{n_frames:,} frames, " if n_frames is not None else "") + f"{axis_name} {lo:,} to {hi - 1:,}",
         fontsize=9,
         color="#555555",
         ha="left",
@@ -349,7 +353,7 @@ def draw_timeline(
     if gt_events is not None:
         handles.append(Patch(facecolor=GT_COLOR, label="ground truth"))
     if trace is not None:
-        handles.append(Line2D([], [], color=PROB_COLOR, alpha=0.6, lw=6, label="frame probability (max-pooled)"))
+        handles.append(Line2D([], [], color=PROB_LINE_COLOR, lw=1.5, label="frame probability (max-pooled)"))
     handles += [Patch(facecolor=SECTION_COLORS[s], label=s) for s in SECTIONS]
     fig.text(
         0.925,

@@ -1,0 +1,201 @@
+"""The frame units of an event file, recorded beside it, and the conversion of events between the two units.
+
+The challenge format holds only ``{"videos": [...]}`` (:func:`~monai_vce.events.validate_events` and the
+challenge's scorer take no other top-level key), so the units an event file counts its frames in are recorded in a
+sidecar file next to it, ``<name>.meta.json`` (``events.json`` -> ``events.meta.json``)::
+
+    {"format": "monai-vce event file metadata", "version": 1, "events_file": "events.json",
+     "sha256": "<hash of events.json>", "frame_units": "frame_index",
+     "videos": {"1": {"frames": 300, "first": 0, "last": 299}}}
+
+``videos`` (optional) gives each video's number of frames and its first and last frame id in those units. The
+hash ties the sidecar to the exact file it describes: a sidecar whose event file was replaced since says nothing
+(:func:`read_frame_units` returns ``None`` and says why). Every event file the package writes gets one
+(:func:`~monai_vce.events.save_events` with ``frame_units``); the metric, the report and the review read it, refuse
+to compare files in different units, or convert one into the other's units with the frame ids of the probability
+files (:func:`convert_events`, which hold both ids of every frame).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from monai_vce.utils import atomic_write_json
+
+from .runs import run_spans
+from .units import FrameUnits, as_frame_units
+
+__all__ = [
+    "EVENTS_META_SUFFIX",
+    "events_meta_path",
+    "write_events_meta",
+    "read_events_meta",
+    "read_frame_units",
+    "describe_events_file",
+    "convert_events",
+]
+
+logger = logging.getLogger(__name__)
+
+PathLike = str | os.PathLike
+
+#: Suffix of the sidecar of an event file (replacing a ``.json`` suffix).
+EVENTS_META_SUFFIX = ".meta.json"
+_FORMAT = "monai-vce event file metadata"
+_VERSION = 1
+
+
+def events_meta_path(events_file: PathLike) -> Path:
+    """The sidecar of an event file: ``events.json`` -> ``events.meta.json`` (other names get the suffix appended)."""
+    path = Path(events_file)
+    stem = path.name[: -len(".json")] if path.name.lower().endswith(".json") else path.name
+    return path.with_name(stem + EVENTS_META_SUFFIX)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_events_meta(
+    events_file: PathLike,
+    frame_units: FrameUnits | str,
+    videos: Mapping[str, Mapping[str, int]] | None = None,
+) -> Path:
+    """Record the frame units of an (already written) event file in its sidecar, atomically.
+
+    Args:
+        events_file: the event file; it must exist (its hash is recorded).
+        frame_units: the units its frames count in.
+        videos: optional ``{video_id: {"frames": n, "first": id, "last": id}}`` in those units.
+
+    Returns:
+        The sidecar's path.
+    """
+    path = Path(events_file)
+    meta: dict[str, Any] = {
+        "format": _FORMAT,
+        "version": _VERSION,
+        "events_file": path.name,
+        "sha256": _sha256(path),
+        "frame_units": as_frame_units(frame_units).value,
+    }
+    if videos is not None:
+        meta["videos"] = {str(k): {f: int(x) for f, x in v.items()} for k, v in videos.items()}
+    return atomic_write_json(events_meta_path(path), meta)
+
+
+def read_events_meta(events_file: PathLike) -> dict[str, Any] | None:
+    """The sidecar of an event file, or ``None`` when it has none or the sidecar describes another file.
+
+    A sidecar that cannot be read, or whose hash is not the event file's, is ignored with a warning naming it.
+    """
+    path = Path(events_file)
+    meta_path = events_meta_path(path)
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        units = as_frame_units(meta["frame_units"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        warnings.warn(f"{meta_path}: not a readable event file sidecar ({e}); ignored", stacklevel=2)
+        return None
+    if path.is_file() and meta.get("sha256") != _sha256(path):
+        warnings.warn(
+            f"{meta_path} describes another version of {path.name} (the file was replaced since); its frame units "
+            "are unknown",
+            stacklevel=2,
+        )
+        return None
+    meta["frame_units"] = units
+    return meta
+
+
+def read_frame_units(events_file: PathLike) -> FrameUnits | None:
+    """The frame units recorded for an event file (:func:`read_events_meta`), ``None`` when unknown."""
+    meta = read_events_meta(events_file)
+    return None if meta is None else meta["frame_units"]
+
+
+def describe_events_file(events_file: PathLike, frame_units: FrameUnits | str | None) -> str:
+    """``"PATH (frame_index units)"``: how log lines name an event file (``"units unknown"`` when ``None``)."""
+    units = "units unknown" if frame_units is None else f"{as_frame_units(frame_units).value} units"
+    return f"{events_file} ({units})"
+
+
+def convert_events(
+    events: Mapping[str, Any],
+    from_units: FrameUnits | str,
+    to_units: FrameUnits | str,
+    frame_ids: Mapping[str, tuple[Sequence[int] | np.ndarray, Sequence[int] | np.ndarray]],
+    source: str = "event file",
+) -> dict[str, Any]:
+    """Convert an event JSON object from one frame units to the other with the two frame ids of every frame.
+
+    An event covers the frames whose id in ``from_units`` lies in ``[start, end]``; the converted event spans
+    those frames in ``to_units`` by the gap rule of :func:`~monai_vce.events.run_spans` (from the first frame's id to
+    one before the next frame's id, or to the last frame's id). Event order and labels are kept.
+
+    Args:
+        events: the event JSON object (``{"videos": [...]}``).
+        from_units: the units of ``events``.
+        to_units: the units wanted.
+        frame_ids: per video, ``(frame_index, frame_number)`` of its frames (e.g. the arrays of its probability file).
+        source: named in errors.
+
+    Returns:
+        The converted copy.
+
+    Raises:
+        ValueError: a video has no frame ids, or an event covers none of its frames.
+    """
+    src, dst = as_frame_units(from_units), as_frame_units(to_units)
+    out: dict[str, Any] = {"videos": []}
+    for video in events["videos"]:
+        vid = str(video["video_id"])
+        if src is dst:
+            out["videos"].append({"video_id": vid, "events": [dict(e) for e in video["events"]]})
+            continue
+        if vid not in frame_ids:
+            raise ValueError(f"{source}: no frame ids of video {vid!r} to convert its events to {dst.value} units")
+        index, number = (np.asarray(a, dtype=np.int64) for a in frame_ids[vid])
+        order = np.argsort(index, kind="stable")
+        index, number = index[order], number[order]
+        a, b = (index, number) if src is FrameUnits.FRAME_INDEX else (number, index)
+        if a.size > 1 and (np.any(np.diff(a) <= 0) or np.any(np.diff(b) <= 0)):
+            raise ValueError(f"{source}: the frame ids of video {vid!r} do not increase together; cannot convert")
+        evs = video["events"]
+        starts = np.fromiter((int(e["start"]) for e in evs), np.int64, len(evs))
+        ends = np.fromiter((int(e["end"]) for e in evs), np.int64, len(evs))
+        first = np.searchsorted(a, starts, side="left")
+        stop = np.searchsorted(a, ends, side="right")
+        empty = np.flatnonzero(stop <= first)
+        if empty.size:
+            j = int(empty[0])
+            raise ValueError(
+                f"{source}: video {vid!r} event {j} ({int(starts[j])} to {int(ends[j])} in {src.value} units) covers "
+                f"none of its {a.size} frames"
+            )
+        lo, hi = run_spans(b, first, stop)
+        out["videos"].append(
+            {
+                "video_id": vid,
+                "events": [
+                    {"start": int(s), "end": int(e), "label": list(ev["label"])}
+                    for s, e, ev in zip(lo.tolist(), hi.tolist(), evs, strict=True)
+                ],
+            }
+        )
+    return out
