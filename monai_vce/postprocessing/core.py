@@ -6,7 +6,9 @@ The decoder runs them on the 17 columns of a video at once; the tuner on ``K`` c
 
 1. :func:`decode_columns`: the chain (:data:`~monai_vce.postprocessing.chain.CHAIN_STEPS`) and the anatomy step
    (sections replaced by the Viterbi decode, landmarks kept near a decoded boundary crossing, pathologies
-   inside their plausible sections);
+   inside their plausible sections); without anatomy decoding, landmarks are still kept near a boundary of the
+   sections the chain decoded (:func:`column_sections`), so that a landmark never spreads over a section and
+   cuts its events into pieces;
 2. :func:`~monai_vce.postprocessing.gating.column_presence`: presence gating of each decoded column;
 3. composition and confidence order with the kernels of :mod:`monai_vce.events.composition`
    (:func:`~monai_vce.events.composition.compose_runs` / :func:`~monai_vce.events.runs.run_bounds`,
@@ -21,15 +23,25 @@ from typing import Any
 
 import numpy as np
 
-from monai_vce.labels import LABELS, SECTIONS
+from monai_vce.labels import LABELS, LANDMARKS, SECTIONS
 
-from .anatomy import decode_sections, landmark_windows, section_gate
+from .anatomy import LEAD_IN, decode_sections, landmark_windows, section_gate
 from .chain import run_chain
 
-__all__ = ["SECTION_COLUMNS", "section_sequence", "section_mask", "decode_columns"]
+__all__ = [
+    "SECTION_COLUMNS",
+    "LANDMARK_COLUMNS",
+    "section_sequence",
+    "section_mask",
+    "column_sections",
+    "gate_landmark_columns",
+    "decode_columns",
+]
 
 #: Columns of the sections in :data:`~monai_vce.labels.LABELS`, in gut order.
 SECTION_COLUMNS: np.ndarray = np.array([LABELS.index(s) for s in SECTIONS])
+#: Columns of the landmarks (z-line, pylorus, ileocecal valve) in :data:`~monai_vce.labels.LABELS`.
+LANDMARK_COLUMNS: np.ndarray = np.array([LABELS.index(n) for n in LANDMARKS])
 _SECTION_OF_LABEL = {LABELS.index(s): k for k, s in enumerate(SECTIONS)}
 
 
@@ -69,6 +81,52 @@ def section_mask(sections: np.ndarray | None, num_frames: int) -> np.ndarray:
     return out
 
 
+def column_sections(probs: np.ndarray, columns: np.ndarray) -> np.ndarray:
+    """``(T,)`` section indices of the sections decoded as columns (without anatomy decoding).
+
+    A frame takes the decoded section of highest probability; a frame without any takes the section of the
+    last frame before it that has one (a gap in the sections is no boundary); frames before the first decoded
+    section are lead-in (``-1``). The boundaries of this sequence are where the landmark gate of
+    :func:`decode_columns` allows landmarks.
+
+    Args:
+        probs: ``(T, 17)`` probabilities.
+        columns: ``(T, 5)`` decoded section columns, in gut order (after their presence gating).
+    """
+    columns = np.asarray(columns, dtype=bool)
+    T = columns.shape[0]
+    best = np.where(columns, probs[:, SECTION_COLUMNS], -1.0).argmax(axis=1)
+    last = np.where(columns.any(axis=1), np.arange(T), -1)
+    np.maximum.accumulate(last, out=last)
+    return np.where(last >= 0, best[np.maximum(last, 0)], LEAD_IN).astype(np.int64)
+
+
+def gate_landmark_columns(
+    out: np.ndarray, labels: np.ndarray, sections: np.ndarray, anatomy: Mapping[str, Any]
+) -> np.ndarray:
+    """Keep the landmark columns of ``out`` (in place) only within ``landmark_window`` frames of a transition of
+    ``sections`` across their boundary (:func:`~monai_vce.postprocessing.anatomy.landmark_windows`), when the
+    ``anatomy`` parameters' ``gate_landmarks`` is on.
+
+    Args:
+        out: ``(T, K)`` decoded columns.
+        labels: ``(K,)`` the label of each column.
+        sections: ``(T,)`` section indices (``-1`` lead-in).
+        anatomy: the ``anatomy`` parameters (``gate_landmarks``, ``landmark_window``).
+
+    Returns:
+        ``out``.
+    """
+    if not anatomy["gate_landmarks"]:
+        return out
+    cols = np.flatnonzero(np.isin(labels, LANDMARK_COLUMNS))
+    if cols.size:
+        windows = landmark_windows(sections, anatomy["landmark_window"])
+        for col in cols:
+            out[:, col] &= windows[LABELS[int(labels[col])]]
+    return out
+
+
 def decode_columns(
     probs: np.ndarray,
     labels: Sequence[int] | np.ndarray,
@@ -76,6 +134,7 @@ def decode_columns(
     order: Sequence[str],
     anatomy: Mapping[str, Any] | None = None,
     sections: np.ndarray | None = None,
+    gate: Mapping[str, Any] | None = None,
 ) -> np.ndarray:
     """Decode ``K`` columns: the chain, then the anatomy step (presence gating is :func:`column_presence`).
 
@@ -85,7 +144,11 @@ def decode_columns(
         values: per-column values (``(K,)`` arrays) of the chain parameters, keyed by parameter name.
         order: the chain's steps in order.
         anatomy: the ``anatomy`` parameters when anatomy decoding is on, else ``None``.
-        sections: the video's decoded sections (:func:`section_sequence`), used when ``anatomy`` is given.
+        sections: the video's decoded sections: the Viterbi decode (:func:`section_sequence`) with ``anatomy``,
+            else those of the decoded section columns (:func:`column_sections`) for ``gate``.
+        gate: without anatomy decoding, the ``anatomy`` parameters whose ``gate_landmarks`` and
+            ``landmark_window`` keep the landmark columns near the boundaries of ``sections``; ``None`` (or no
+            ``sections``) gates nothing.
 
     Returns:
         ``(T, K)`` boolean columns.
@@ -101,6 +164,8 @@ def decode_columns(
         per = {name: np.asarray(v)[chained] for name, v in values.items()}
         out[:, chained] = run_chain(probs[:, labels[chained]], per, order)
     if anatomy is None:
+        if gate is not None and sections is not None:
+            gate_landmark_columns(out, labels, sections, gate)
         return out
     # sections: the Viterbi decode claims every frame (a section gated out later still claims its frames)
     if is_section.any() and sections is not None:

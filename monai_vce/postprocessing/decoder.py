@@ -45,7 +45,7 @@ import numpy as np
 from ..events.composition import RANKINGS, compose_runs, confidence_order, event_json, run_confidence, runs_to_events
 from ..labels import LABELS, NUM_LABELS
 from .chain import CHAIN_STEPS
-from .core import SECTION_COLUMNS, decode_columns, section_sequence
+from .core import SECTION_COLUMNS, column_sections, decode_columns, gate_landmark_columns, section_sequence
 from .gating import column_presence
 from .params import DECODER_PARAMS_VERSION, FRAME_UNITS, DecoderParams
 
@@ -142,7 +142,14 @@ class EventDecoder:
         sections = self.sections(probs) if anatomy is not None and probs.shape[0] else None
         values = {step.param.name: p.per_label(step.param.name) for step in CHAIN_STEPS.values()}
         mask = decode_columns(probs, _ALL_LABELS, values, p["order"], anatomy, sections)
-        present = column_presence(probs, mask, _ALL_LABELS, p.presence_rules())
+        rules = p.presence_rules()
+        if anatomy is None and p["anatomy"]["gate_landmarks"]:
+            # landmarks near the boundaries of the sections as emitted (after their presence gating), as tuned
+            sec_rules = [rules[c] for c in SECTION_COLUMNS]
+            sec_present = column_presence(probs, mask[:, SECTION_COLUMNS], SECTION_COLUMNS, sec_rules)
+            sections = column_sections(probs, mask[:, SECTION_COLUMNS] & sec_present)
+            gate_landmark_columns(mask, _ALL_LABELS, sections, p["anatomy"])
+        present = column_presence(probs, mask, _ALL_LABELS, rules)
         mask[:, ~present] = False
         return mask, sections
 

@@ -52,7 +52,7 @@ from ..metrics.temporal_map import average_precision, temporal_map
 from ..utils import renamed_arguments
 from .anatomy import DEFAULT_ANATOMY_GRID
 from .chain import CHAIN_STEPS
-from .core import decode_columns, section_mask, section_sequence
+from .core import SECTION_COLUMNS, column_sections, decode_columns, section_mask, section_sequence
 from .decoder import DecoderParams, EventDecoder, check_probabilities, decode_videos
 from .gating import (
     DEFAULT_CANDIDATE_RULES,
@@ -173,6 +173,8 @@ class _Tuner:
         self.composition = params["composition"]
         self.ranking = params["ranking"]
         self.anatomy_params = params["anatomy"] if params["anatomy"]["enabled"] else None
+        # without anatomy decoding, landmarks are gated near the boundaries of the decoded section columns
+        self.gate = params["anatomy"] if self.anatomy_params is None and params["anatomy"]["gate_landmarks"] else None
         # the per-label parameters being fitted (the rest of the parameters is fixed during the ascent)
         self.labels: dict[str, dict[str, Any]] = {n: dict(params["labels"][n]) for n in LABELS}
         self.ths = ths
@@ -195,7 +197,7 @@ class _Tuner:
         per = {name: np.full(K, lp[name]) for name in _params()}
         if key:
             per[key] = np.asarray(values)
-        return decode_columns(v.probs, np.full(K, label), per, self.order, self.anatomy_params, v.sections)
+        return decode_columns(v.probs, np.full(K, label), per, self.order, self.anatomy_params, v.sections, self.gate)
 
     def _fixed_features(self, label: int) -> list[tuple[dict, np.ndarray]]:
         out = []
@@ -287,6 +289,8 @@ class _Tuner:
             col = self._candidates(v, label, None, ())
             present = column_presence(v.probs, col, [label], [rule])[0]
             v.mask[:, label] = col[:, 0] & present
+            if self.gate is not None and label in SECTION_COLUMNS:
+                v.sections = column_sections(v.probs, v.mask[:, SECTION_COLUMNS])
 
     def run(self, rounds: int) -> float:
         score = 0.0
