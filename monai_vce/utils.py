@@ -1,4 +1,5 @@
-"""Small shared helpers: atomic file writing, exclusive output-folder locks, natural sort order, the bundle folder.
+"""Small shared helpers: atomic file writing, exclusive output-folder locks, natural sort order, the bundle folder,
+the one-line summary of a failed run.
 
 Every file the project writes goes through :func:`atomic_write_bytes` (temporary file in the same folder,
 ``fsync``, ``os.replace``), so a file that exists under its final name is complete, and a run killed at
@@ -14,6 +15,7 @@ import io
 import json
 import os
 import re
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -29,6 +31,8 @@ __all__ = [
     "atomic_write_json",
     "atomic_save_npz",
     "OutputLock",
+    "error_summary",
+    "report_errors_last",
 ]
 
 PathLike = str | os.PathLike
@@ -269,3 +273,48 @@ def renamed_arguments(**renames: str) -> Callable[[_F], _F]:
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def error_summary(exc: BaseException) -> str:
+    """The root cause of an exception chain in one line: ``"Type: message"`` of its innermost exception.
+
+    MONAI wraps an error raised while a bundle config is instantiated or evaluated (``RuntimeError: Failed to
+    instantiate component ...``, ``Failed to evaluate ConfigExpression ...``); the project's own message is the
+    innermost exception of that chain (``__cause__``, else ``__context__``).
+    """
+    seen = {id(exc)}
+    inner = exc
+    while True:
+        nxt = (
+            inner.__cause__
+            if inner.__cause__ is not None
+            else (None if inner.__suppress_context__ else inner.__context__)
+        )
+        if nxt is None or id(nxt) in seen:
+            break
+        seen.add(id(nxt))
+        inner = nxt
+    message = str(inner).strip()
+    return f"{type(inner).__name__}: {message}" if message else type(inner).__name__
+
+
+def report_errors_last() -> None:
+    """Print the root cause of an uncaught error as the last line, after the traceback (``error: Type: message``).
+
+    Installed by the bundle configs' ``initialize`` step, so that under ``python -m monai.bundle run ...`` a
+    failing run ends with the project's one-line message rather than with MONAI's wrapping ``RuntimeError``
+    forty lines below it. Python's traceback is printed first, as before. Idempotent; errors without a cause
+    (whose last traceback line is already their message) and interruptions (Ctrl-C) add nothing.
+    """
+    previous = sys.excepthook
+    if getattr(previous, "_monai_vce_errors_last", False):
+        return
+
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        previous(exc_type, exc, tb)
+        chained = exc.__cause__ is not None or (exc.__context__ is not None and not exc.__suppress_context__)
+        if isinstance(exc, Exception) and chained:
+            print(f"error: {error_summary(exc)}", file=sys.stderr, flush=True)
+
+    hook._monai_vce_errors_last = True  # type: ignore[attr-defined]
+    sys.excepthook = hook

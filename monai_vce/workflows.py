@@ -6,7 +6,7 @@ Each helper lives in the package of its concern; this module re-exports them so 
 ========================================================  ==============================================
 helper                                                    home
 ========================================================  ==============================================
-``default_bundle_root``                                   :mod:`monai_vce.utils`
+``default_bundle_root``, ``report_errors_last``           :mod:`monai_vce.utils`
 ``check_folder``, ``galar_datalist``,                     :mod:`monai_vce.data.dataset_folder`
 ``galar_ground_truth``, ``inference_datalist``
 ``video_ids``                                             :mod:`monai_vce.data.splits`
@@ -32,10 +32,11 @@ from monai_vce.networks.backbone import check_backbone
 from monai_vce.postprocessing.decoder import load_decoder as decoder_params
 from monai_vce.report.evaluation import datalist_ground_truth as ground_truth
 from monai_vce.report.evaluation import evaluation_report
-from monai_vce.utils import default_bundle_root
+from monai_vce.utils import default_bundle_root, report_errors_last
 
 __all__ = [
     "default_bundle_root",
+    "report_errors_last",
     "galar_datalist",
     "galar_ground_truth",
     "inference_datalist",

@@ -1,0 +1,43 @@
+"""A failing bundle run ends with the project's one-line message: the root cause of MONAI's wrapped errors is the
+last line printed, after the traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from monai_vce.utils import error_summary
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_error_summary_is_the_innermost_cause():
+    try:
+        try:
+            raise FileNotFoundError("dataset folder /data/galar not found; pass --dataset_dir")
+        except FileNotFoundError as e:
+            raise RuntimeError("Failed to evaluate ConfigExpression") from e
+    except RuntimeError as outer:
+        assert error_summary(outer) == "FileNotFoundError: dataset folder /data/galar not found; pass --dataset_dir"
+    assert error_summary(ValueError()) == "ValueError"
+
+
+def test_bundle_run_prints_the_message_last(tmp_path):
+    # a real bundle run whose input folder is missing: MONAI wraps the project's FileNotFoundError
+    cmd = [
+        sys.executable,
+        "-m",
+        "monai.bundle",
+        "run",
+        "--config_file",
+        "['bundle/configs/inference.json','bundle/configs/demo.json']",
+        "--dataset_dir",
+        str(tmp_path / "missing"),
+        "--output_dir",
+        str(tmp_path / "out"),
+    ]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: FileNotFoundError: input folder ") and "missing not found" in last, last
