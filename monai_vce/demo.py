@@ -11,33 +11,114 @@ paths as the command lines it prints), with ``bundle/configs/demo.json`` merged 
    and one challenge event JSON;
 4. scoring of that JSON against the held-out ground truth, next to the empty submission's score.
 
-Everything is written under ``<bundle>/demo/``; a rerun reuses the generated data.
+Everything is written under ``<bundle>/demo/``; a rerun reuses the generated data. The console shows one progress
+bar per stage (on a terminal) and the results; the full log goes to ``<bundle>/demo/demo.log`` (``--verbose``
+prints it on the console too). A failure ends with the error's one-line message.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import sys
 import time
-from collections.abc import Sequence
+import traceback
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from monai_vce.events import load_events
+from monai_vce.events import describe_events_file, load_events, read_frame_units
 from monai_vce.metrics import temporal_map
-from monai_vce.utils import atomic_write_json, default_bundle_root
+from monai_vce.utils import atomic_write_json, default_bundle_root, error_summary
 
 __all__ = ["run_demo", "main"]
 
 
+def _shown_path(path: Path | str) -> str:
+    """``path`` relative to the working folder when it lies inside it (as the documented commands write it)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def _configs(bundle: Path, name: str) -> list[str]:
-    return [str(bundle / "configs" / name), str(bundle / "configs" / "demo.json")]
+    return [_shown_path(bundle / "configs" / name), _shown_path(bundle / "configs" / "demo.json")]
 
 
 def _command(step: str, configs: list[str], extra: str = "") -> str:
     files = ",".join(f"'{c}'" for c in configs)
     return f'python -m monai.bundle {step} --config_file "[{files}]"{extra}'
+
+
+#: Third-party warnings the demo understands and does not show: TorchScript's deprecation notices (the bundle's
+#: export format is TorchScript, which MONAI's ``ckpt_export`` writes) and the tracer's note that an input-size
+#: assertion is frozen into the trace (the export is traced at a fixed input size, as the bundle documents).
+_UNDERSTOOD_WARNINGS: tuple[tuple[str, str], ...] = (
+    (r"`torch\.jit\.\w+` is deprecated", "FutureWarning"),
+    (r"Converting a tensor to a Python boolean might cause the trace to be incorrect", "TracerWarning"),
+)
+
+
+class _Console:
+    """Where the demo's logs go: everything to ``log_file``, and to the console only what a user needs.
+
+    MONAI applies the bundle's ``logging.conf`` (INFO on stdout) whenever a workflow starts; :meth:`apply` then
+    lowers the console to warnings while progress bars are drawn (a terminal), so that per-epoch lines do not
+    break the bars, and adds the log file. ``verbose`` keeps the console at INFO.
+    """
+
+    def __init__(self, log_file: Path, verbose: bool) -> None:
+        self.log_file = log_file
+        self.verbose = verbose
+        self._file: logging.Handler | None = None
+
+    def _handler(self) -> logging.Handler:
+        if self._file is None:
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+            self._file = logging.FileHandler(self.log_file, mode="w", encoding="utf-8")
+            self._file.setFormatter(logging.Formatter("%(asctime)s - %(name)s - %(levelname)s - %(message)s"))
+        return self._file
+
+    def apply(self) -> None:
+        """Lower the console handlers MONAI's logging config installed, and log to the file."""
+        root = logging.getLogger()
+        level = logging.INFO if self.verbose or not sys.stderr.isatty() else logging.WARNING
+        for h in root.handlers:
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+                h.setLevel(max(h.level, level))
+        if self._handler() not in root.handlers:
+            root.addHandler(self._handler())
+        root.setLevel(min(root.level or logging.INFO, logging.INFO))
+
+    def to_file(self, message: str) -> None:
+        """Write an error to the log file only."""
+        record = logging.LogRecord("monai_vce.demo", logging.ERROR, __file__, 0, message, None, None)
+        self._handler().handle(record)
+
+    def close(self) -> None:
+        if self._file is not None:
+            logging.getLogger().removeHandler(self._file)
+            self._file.close()
+
+
+#: The console of the running demo (``main``), applied whenever a workflow has set up MONAI's logging.
+_CONSOLES: list[_Console] = []
+
+
+@contextlib.contextmanager
+def _understood_warnings() -> Iterator[None]:
+    """Hide the understood third-party warnings; others show as usual."""
+    import torch
+
+    categories = {"FutureWarning": FutureWarning, "TracerWarning": torch.jit.TracerWarning}
+    with warnings.catch_warnings():
+        for pattern, category in _UNDERSTOOD_WARNINGS:
+            warnings.filterwarnings("ignore", message=pattern, category=categories[category])
+        yield
 
 
 def _workflow(configs: list[str], bundle: Path, workflow_type: str, **override: Any) -> Any:
@@ -51,6 +132,8 @@ def _workflow(configs: list[str], bundle: Path, workflow_type: str, **override: 
         bundle_root=str(bundle),
         **override,
     )
+    for console in _CONSOLES:
+        console.apply()
     wf.initialize()
     return wf
 
@@ -114,15 +197,11 @@ def run_demo(
         ts_diff = float((torch.jit.load(str(model_ts), map_location="cpu")(x) - net(x)).abs().max())
     timings["export_s"] = time.perf_counter() - t0
 
-    # 3. inference on held-out generated videos (labelled datalist: events in index units, like the ground truth)
+    # 3. inference on held-out generated videos (their label CSVs give frame_index: the ground truth's units)
     test_dir = Path(wf_inf.parser.get_parsed_content("test_dir"))
     wf_inf.finalize()
-    override = {
-        "dataset_dir": str(test_dir),
-        "datalist": "$monai_vce.workflows.galar_datalist(@dataset_dir)",
-        "resume": False,
-    }
-    shown = f" --dataset_dir {test_dir} --datalist '$monai_vce.workflows.galar_datalist(@dataset_dir)' --resume False"
+    override = {"dataset_dir": str(test_dir), "resume": False}
+    shown = f" --dataset_dir {_shown_path(test_dir)} --resume False"
     say(f"\n== 3/4 inference: {_command('run', infer_cfg, shown)}")
     t0 = time.perf_counter()
     wf_inf = _workflow(infer_cfg, bundle, "infer", **override)
@@ -151,14 +230,16 @@ def run_demo(
         "empty_mAP@0.95": float(score_empty["mAP@0.95"]),
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
     }
+    summary["frame_units"] = None if (units := read_frame_units(events_file)) is None else units.value
     atomic_write_json(demo_dir / "summary.json", summary)
-    say("\n== 4/4 held-out score (python -m monai_vce.metrics --gt GT --pred EVENTS)")
+    metric_cmd = f"python -m monai_vce.metrics --gt {_shown_path(test_dir / 'ground_truth.json')} --pred {_shown_path(events_file)}"
+    say(f"\n== 4/4 held-out score: {metric_cmd}")
     say(
         f"temporal mAP@0.5 {summary['mAP@0.5']:.4f} (empty submission {summary['empty_mAP@0.5']:.4f}), "
         f"mAP@0.95 {summary['mAP@0.95']:.4f} (empty {summary['empty_mAP@0.95']:.4f}) on {len(gt['videos'])} held-out videos"
     )
     say(f"TorchScript vs eager logits: max abs difference {ts_diff:.2e}")
-    say(f"event JSON: {events_file}")
+    say(f"event JSON: {describe_events_file(_shown_path(events_file), units)}")
     say(f"summary: {demo_dir / 'summary.json'}")
     return summary
 
@@ -169,10 +250,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--bundle-root", default=None, help="bundle folder (default: bundle/ of this repository)")
     p.add_argument("--max-epochs", type=int, default=None, help="override the demo's number of epochs")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument("--verbose", action="store_true", help="also print the full log on the console")
     args = p.parse_args(argv)
-    summary = run_demo(args.bundle_root, max_epochs=args.max_epochs, quiet=args.quiet)
+    bundle = Path(args.bundle_root if args.bundle_root is not None else default_bundle_root())
+    console = _Console(bundle / "demo" / "demo.log", args.verbose)
+    _CONSOLES.append(console)
+    try:
+        with _understood_warnings():
+            summary = run_demo(args.bundle_root, max_epochs=args.max_epochs, quiet=args.quiet)
+    except Exception as e:  # the full traceback goes to the log; the one-line cause is the last line shown
+        console.to_file(f"the demo failed:\n{traceback.format_exc()}")
+        print(f"\nthe demo failed; full traceback in {_shown_path(console.log_file)}", file=sys.stderr)
+        print(f"error: {error_summary(e)}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        _CONSOLES.remove(console)
+        console.close()
     if args.quiet:
         print(json.dumps(summary))
+    else:
+        print(f"log: {_shown_path(console.log_file)}")
     return 0
 
 

@@ -39,6 +39,8 @@ class FrameProgressHandler:
         log_summary: log the summary line at the end of each epoch.
         count_videos: count videos (frames of a video arrive together, as in inference and validation); set
             ``False`` for training, whose sampler draws frames of any video in any order.
+        scope: ``"epoch"`` (default) draws one bar per epoch; ``"run"`` one bar over every epoch of the run, whose
+            time estimate is that of the whole run (training). The summary line is logged per epoch either way.
 
     Example::
 
@@ -54,8 +56,12 @@ class FrameProgressHandler:
         name: str | None = None,
         log_summary: bool = True,
         count_videos: bool = True,
+        scope: str = "epoch",
     ) -> None:
+        if scope not in ("epoch", "run"):
+            raise ValueError(f"scope must be 'epoch' or 'run', got {scope!r}")
         self.enabled = enabled
+        self.scope = scope
         self.video_key = video_key
         self.image_key = image_key
         self.desc = desc
@@ -73,11 +79,13 @@ class FrameProgressHandler:
         """Register the handler's events on ``engine``."""
         if self.logger is None:
             self.logger = engine.logger
+        engine.add_event_handler(Events.STARTED, self.started)
         engine.add_event_handler(Events.EPOCH_STARTED, self.epoch_started)
         engine.add_event_handler(Events.ITERATION_COMPLETED, self.iteration_completed)
         engine.add_event_handler(Events.EPOCH_COMPLETED, self.epoch_completed)
         engine.add_event_handler(Events.EXCEPTION_RAISED, self.exception_raised)
         engine.add_event_handler(Events.TERMINATE, self.close)
+        engine.add_event_handler(Events.COMPLETED, self.close)
 
     @property
     def show(self) -> bool:
@@ -102,18 +110,30 @@ class FrameProgressHandler:
                 videos = None
         return frames, videos
 
-    def epoch_started(self, engine: Engine) -> None:
-        """Reset the counters and open a bar."""
+    def _open(self, total: int | None) -> None:
         from tqdm.auto import tqdm
 
         self.close()
+        self._bar = tqdm(
+            total=total, unit="frame", desc=self.desc, disable=not self.show, dynamic_ncols=True, leave=True
+        )
+
+    def started(self, engine: Engine) -> None:
+        """With ``scope="run"``, open the bar of the whole run (every epoch still to run)."""
+        if self.scope != "run":
+            return
+        total, _ = self._totals(engine)
+        epochs = max(int(engine.state.max_epochs or 1) - int(engine.state.epoch), 1)
+        self._open(None if total is None else total * epochs)
+
+    def epoch_started(self, engine: Engine) -> None:
+        """Reset the counters and, with ``scope="epoch"``, open a bar."""
         total, self.total_videos = self._totals(engine)
         self.frames = self.videos = 0
         self._last_video = None
         self._t0 = time.perf_counter()
-        self._bar = tqdm(
-            total=total, unit="frame", desc=self.desc, disable=not self.show, dynamic_ncols=True, leave=True
-        )
+        if self.scope == "epoch" or self._bar is None:
+            self._open(total)
 
     def _count(self, batch: Any) -> tuple[int, list]:
         if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], dict):
@@ -137,13 +157,17 @@ class FrameProgressHandler:
         self.frames += n
         if self._bar is not None:
             self._bar.update(n)
+            if self._bar.total is not None and self._bar.n >= self._bar.total:
+                self.close()  # done: a bar drawn after this one (validation at the last epoch) starts below it
+                return
             if ids and self.count_videos:
                 videos = f"{self.videos}/{self.total_videos}" if self.total_videos else str(self.videos)
                 self._bar.set_postfix(videos=videos, video=str(self._last_video), refresh=False)
 
     def epoch_completed(self, engine: Engine) -> None:
-        """Close the bar and log the summary line."""
-        self.close()
+        """Close the bar (``scope="epoch"``) and log the summary line."""
+        if self.scope == "epoch":
+            self.close()
         if self.log_summary and self.logger is not None:
             secs = max(time.perf_counter() - self._t0, 1e-9)
             videos = f", {self.videos} videos" if self.count_videos else ""
