@@ -50,6 +50,8 @@ __all__ = [
     "npz_frame_count",
 ]
 
+logger = logging.getLogger(__name__)
+
 PathLike = str | os.PathLike
 
 
@@ -109,7 +111,8 @@ class TemporalEventWriter:
         self.events_file = None if events_file is None else self._resolve(events_file)
         self.decoder = decoder
         self.frame_units = None if frame_units is None else as_frame_units(frame_units)
-        self.videos = None if videos is None else [str(v) for v in videos]
+        # kept as given (a lazy sequence stays unread until the events are written)
+        self.videos = videos
         self.report_dir = None if report_dir is None else Path(report_dir)
         self.source = str(source)
         self.logger = logging.getLogger(name)
@@ -156,7 +159,7 @@ class TemporalEventWriter:
     def video_ids(self) -> list[str]:
         """The videos the JSON lists: ``videos`` or every ``.npz`` file of ``output_dir`` in natural order."""
         if self.videos is not None:
-            return list(self.videos)
+            return [str(v) for v in self.videos]
         return list(probability_files(self.output_dir))
 
     def write_events(self) -> Path | None:

@@ -23,6 +23,7 @@ the epoch, and the shares are gathered with :func:`all_gather_rows` (MONAI's ``e
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,8 @@ else:
     Engine, _ = optional_import("ignite.engine", IgniteInfo.OPT_IMPORT_VERSION, min_version, "Engine")
 
 __all__ = ["VideoFrameCollector", "all_gather_rows", "all_gather_strings", "to_numpy"]
+
+logger = logging.getLogger(__name__)
 
 #: ``(probs (T, 17), frame ids (T,), ground-truth events)`` of one video, the input of the decoder's tuning.
 DecodingInput = tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]
@@ -121,7 +124,9 @@ class VideoFrameCollector:
         ground_truth: the ground truth of the collected videos, an event JSON object in ``frame_units``, e.g.
             :func:`monai_vce.data.build_ground_truth` of the labels CSVs (what the challenge scores). ``None``
             builds each video's ground truth from the collected targets with the same rule
-            (:func:`monai_vce.events.ground_truth_events`).
+            (:func:`monai_vce.events.ground_truth_events`). Read on first use (a
+            :class:`~monai_vce.utils.LazyMapping` stays unread until the first validation).
+        name: logger name (``None``: the engine's logger).
     """
 
     def __init__(
@@ -138,7 +143,10 @@ class VideoFrameCollector:
         sigmoid: bool = False,
         frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
         ground_truth: Mapping[str, Any] | None = None,
+        name: str | None = None,
     ) -> None:
+        self.logger = logging.getLogger(name)
+        self._name = name
         self.on_video = on_video
         self.pred_key = pred_key
         self.label_key = label_key
@@ -151,10 +159,19 @@ class VideoFrameCollector:
         self.streaming = on_video is not None and (streaming is None or bool(streaming))
         self.sigmoid = bool(sigmoid)
         self.frame_units = as_frame_units(frame_units)
-        self.ground_truth = _events_by_video(ground_truth) if ground_truth is not None else None
+        # read on first use, so that a bundle config naming the labels CSVs can be parsed without the data
+        self._ground_truth_source = ground_truth
+        self._ground_truth_events: dict[str, list[dict[str, Any]]] | None = None
         #: incremented at every reset: consumers cache what they computed from one epoch's videos by it
         self.generation = 0
         self.reset()
+
+    @property
+    def ground_truth(self) -> dict[str, list[dict[str, Any]]] | None:
+        """The ground-truth events of each video (``None``: built from the targets), read on first use."""
+        if self._ground_truth_events is None and self._ground_truth_source is not None:
+            self._ground_truth_events = _events_by_video(self._ground_truth_source)
+        return self._ground_truth_events
 
     def reset(self) -> None:
         """Forget every collected frame (at the start of every epoch)."""
@@ -372,6 +389,8 @@ class VideoFrameCollector:
 
     def attach(self, engine: Engine) -> None:
         """Register the collection callbacks on ``engine`` (every iteration, start and end of every epoch)."""
+        if self._name is None:
+            self.logger = engine.logger
         if not engine.has_event_handler(self._epoch_started, Events.EPOCH_STARTED):
             engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
         if not engine.has_event_handler(self.iteration_completed, Events.ITERATION_COMPLETED):
