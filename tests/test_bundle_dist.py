@@ -5,7 +5,8 @@ The clean environment is a new ``python -m venv``; ``monai-vce`` is installed th
 ``pip install --no-index --find-links <bundle>/wheels monai-vce`` (no index: nothing is downloaded). Its dependencies
 (torch, MONAI, open_clip, ...) are not downloaded either: the environment sees this test run's installed packages
 read-only, through a ``.pth`` file naming a folder of links to them from which every ``monai-vce`` / ``monai_vce``
-entry is left out, so ``monai_vce`` can only come from the wheel (checked). Commands run in the unpacked folder
+entry is left out, so ``monai_vce`` can only come from the wheel (checked); the venv's own setuptools is removed so
+that the view's (the version torch asks for) counts. Commands run in the unpacked folder
 with no ``PYTHONPATH``.
 """
 
@@ -64,6 +65,8 @@ def test_distributable_bundle_installs_offline_and_runs_from_its_folder(tmp_path
     site = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path, env).strip()
     view = _dependency_view(tmp_path / "deps")
     Path(site.splitlines()[-1], "_dependencies.pth").write_text(f"{view}\n")
+    # the venv's own setuptools may be older than torch asks for: use the dependency view's
+    _run([python, "-m", "pip", "uninstall", "-q", "-y", "setuptools"], cwd=tmp_path, env=env)
     _run([python, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(bundle / "wheels"), "monai-vce"],
          cwd=tmp_path, env=env)  # fmt: skip
     where = _run([python, "-c", "import monai_vce; print(monai_vce.__file__)"], bundle, env).strip().splitlines()[-1]
