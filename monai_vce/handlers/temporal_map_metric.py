@@ -161,6 +161,9 @@ class TemporalMAPMetric(Metric):
         self.result: dict[str, Any] | None = None
         #: the events the last :meth:`compute` scored, ``{video_id: events}`` (see :meth:`save_events`)
         self.events: dict[str, list[dict[str, Any]]] | None = None
+        #: how the last :meth:`compute` decoded the videos: held out (cross-fitted, or the untuned default decoder when
+        #: too few videos), or with the given decoder
+        self.protocol: str | None = None
         self._owns_collector = collector is None
         self.collector = (
             collector
@@ -205,6 +208,9 @@ class TemporalMAPMetric(Metric):
             pred = self._held_out(inputs)
         else:
             pred = {vid: list(self.decoder(p, ids)) for vid, (p, ids, _) in inputs.items()}
+            self.protocol = (
+                f"decoded with the given decoder ({getattr(self.decoder, 'source', type(self.decoder).__name__)})"
+            )
         self.result = temporal_map(event_json(gt), event_json(pred), tiou_thresholds=self.tiou_thresholds)
         self.events = pred
         return float(self.result[f"mAP@{tiou_key(self.tiou_threshold)}"])
@@ -222,13 +228,22 @@ class TemporalMAPMetric(Metric):
 
     def _held_out(self, inputs: Mapping[str, DecodingInput]) -> dict[str, list]:
         events = self.decoder.held_out_events(inputs)
+        folds = getattr(self.decoder, "folds", self.folds)
         if events is None:
             warnings.warn(
                 f"{type(self).__name__}: {len(inputs)} validation video(s) cannot be cross-fitted in "
                 f"{getattr(self.decoder, 'folds', self.folds)} folds; scoring with the default threshold decoder",
                 stacklevel=2,
             )
+            self.protocol = (
+                f"held out: {len(inputs)} video(s), too few to cross-fit in {folds} folds, decoded by the untuned "
+                "default threshold decoder (0.5); nothing was fitted on them"
+            )
             return {vid: list(threshold_decoder(p, ids)) for vid, (p, ids, _) in inputs.items()}
+        self.protocol = (
+            f"held out: each video decoded by a decoder tuned on the other folds of {folds} folds of the scored videos "
+            "(cross-fitting); no parameter was fitted on the video it decodes"
+        )
         return {vid: list(events[vid]) for vid in inputs}
 
     def completed(self, engine: Engine, name: str) -> None:
