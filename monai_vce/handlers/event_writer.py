@@ -229,6 +229,10 @@ class TemporalEventWriter:
             return self.decoder
         return EventDecoder(self.decoder)
 
+    def events_frame_units(self) -> FrameUnits:
+        """The frame units the events of this writer are written in (for consumers such as the review site)."""
+        return self._units(self._get_decoder())
+
     def _units(self, decoder: Any) -> FrameUnits:
         """The frame units of the events: the writer's, checked against the decoder parameters' own."""
         params = getattr(decoder, "params", None)
