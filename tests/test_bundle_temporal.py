@@ -157,7 +157,9 @@ def test_rerun_with_another_refiner_recomputes_every_refined_file(temporal_run, 
         np.testing.assert_allclose(refined.probs, other.refine(frame.probs, frame.features), atol=1e-5)
 
 
-@pytest.mark.parametrize("files,workflow_type", [([TRAIN, TEMPORAL_TRAIN], "train"), ([INFERENCE, TEMPORAL_INFERENCE], "infer")])
+@pytest.mark.parametrize(
+    "files,workflow_type", [([TRAIN, TEMPORAL_TRAIN], "train"), ([INFERENCE, TEMPORAL_INFERENCE], "infer")]
+)
 def test_check_properties(files, workflow_type, mini_galar, tmp_path):
     from monai.bundle import ConfigWorkflow
 
