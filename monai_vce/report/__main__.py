@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from monai_vce.report.summary import write_report
 from monai_vce.report.timeline import UNITS
 
+__all__ = ["main"]
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(

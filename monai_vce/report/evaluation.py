@@ -85,6 +85,7 @@ def evaluation_report(
     frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
     draw: bool = True,
     ground_truth: Mapping[str, Any] | None = None,
+    protocol: str | None = None,
     report_dir: PathLike | None = None,
 ) -> dict[str, Any] | None:
     """Score an evaluation's event JSON against the ground truth; print and save the result.
@@ -106,6 +107,8 @@ def evaluation_report(
         ground_truth: the ground truth the challenge scores, from the labels CSVs
             (:func:`monai_vce.data.build_ground_truth`); ``None`` builds it from ``datalist``
             (:func:`datalist_ground_truth`).
+        protocol: how the events were decoded (e.g. whether the decoder was tuned on the scored videos), stored as
+            ``protocol`` in ``metrics.json`` and printed with the scores.
         report_dir: the report's folder; ``None`` for ``<output_dir>/val_report``.
 
     Returns:
@@ -136,12 +139,14 @@ def evaluation_report(
         )
     pred = load_events(events_file)
     result = temporal_map(gt, pred)
+    if protocol is not None:
+        result["protocol"] = protocol
     if probs_dir is not None:
         result["frame_AP"] = _frame_ap(datalist, probs_dir)
     result["frame_units"] = units.value
     save_events(out / "ground_truth.json", gt, frame_units=units)
     atomic_write_json(out / "metrics.json", result)
-    summary = {k: result[k] for k in ("mAP@0.5", "mAP@0.95") if k in result}
+    summary = {k: result[k] for k in ("mAP@0.5", "mAP@0.95", "protocol") if k in result}
     print(
         json.dumps(
             {"events_file": str(events_file), "frame_units": units.value, "videos": len(gt["videos"]), **summary}
