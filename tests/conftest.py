@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-#: The real Galar annotations, beside the repository: ``<repo>/../shared/data/galar_events.json``.
-GALAR_EVENTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "galar_events.json"
+#: The real Galar annotations: ``MONAI_VCE_GALAR_EVENTS`` when set, else beside the repository
+#: (``<repo>/../shared/data/galar_events.json``).
+GALAR_EVENTS = Path(
+    os.environ.get("MONAI_VCE_GALAR_EVENTS")
+    or Path(__file__).resolve().parents[2] / "shared" / "data" / "galar_events.json"
+)
+#: Why the tests on the real timelines are skipped, and how to run them.
+GALAR_MISSING = (
+    f"real Galar timelines not found at {GALAR_EVENTS}: they are the RARE-VISION challenge's sample ground truth "
+    "galar_events.json (80 videos, CC BY 4.0, from the challenge's public repository); set "
+    "MONAI_VCE_GALAR_EVENTS=/path/to/galar_events.json to run these tests"
+)
 
 
 @pytest.fixture(scope="session")
 def galar_events_path() -> Path:
     """Path of the real ``galar_events.json``; skips the test when the file is not there."""
     if not GALAR_EVENTS.is_file():
-        pytest.skip(f"real Galar annotations not found at {GALAR_EVENTS}")
+        pytest.skip(GALAR_MISSING)
     return GALAR_EVENTS
 
 

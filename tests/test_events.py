@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import GALAR_EVENTS as GALAR
+from conftest import GALAR_MISSING
 
 from monai_vce.labels import LABELS
 from monai_vce.metrics import temporal_map
 from monai_vce.postprocessing import event_json, events_to_frames, frames_to_events, to_challenge_format
 
-GALAR = Path(__file__).resolve().parents[2] / "shared/data/galar_events.json"
 N = len(LABELS)
 
 
@@ -141,7 +141,7 @@ def test_event_json_and_challenge_format():
     assert to_challenge_format(raw) == [{"start": 3, "end": 4, "label": ["blood"]}]
 
 
-@pytest.mark.skipif(not GALAR.exists(), reason=f"real Galar ground truth not found at {GALAR}")
+@pytest.mark.skipif(not GALAR.exists(), reason=GALAR_MISSING)
 def test_galar_ground_truth_round_trip_scores_one():
     gt = json.loads(GALAR.read_text())
     assert len(gt["videos"]) == 80

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 pytest.importorskip("matplotlib")
+from conftest import GALAR_EVENTS as GALAR
+from conftest import GALAR_MISSING
 from PIL import Image
 
 from monai_vce.labels import LABELS, SECTIONS
@@ -27,8 +29,6 @@ from monai_vce.report import (
     write_report,
 )
 from monai_vce.report.__main__ import main
-
-GALAR = Path(__file__).resolve().parents[2] / "shared/data/galar_events.json"
 
 
 def _ev(start, end, *labels):
@@ -404,7 +404,7 @@ def test_command_line(files, tmp_path, capsys):
     assert "nope.json" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not GALAR.is_file(), reason=f"real Galar ground truth not found at {GALAR}")
+@pytest.mark.skipif(not GALAR.is_file(), reason=GALAR_MISSING)
 def test_real_galar_longest_video_timeline():
     data = json.loads(GALAR.read_text())
     video = max(data["videos"], key=lambda v: v["events"][-1]["end"])

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import GALAR_EVENTS as GALAR
+from conftest import GALAR_MISSING
 
 from monai_vce.labels import LABELS, NUM_LABELS
 from monai_vce.metrics import temporal_map
@@ -21,8 +22,6 @@ from monai_vce.postprocessing import (
 )
 from monai_vce.postprocessing.gating import cross_validate_presence, video_folds
 from monai_vce.postprocessing.tuning import label_segments
-
-GALAR = Path(__file__).resolve().parents[2] / "shared" / "data" / "galar_events.json"
 
 
 def test_label_segments_with_breaks():
@@ -65,7 +64,7 @@ def _resampled_videos(n_videos: int, frames: int):
     return out
 
 
-@pytest.mark.skipif(not GALAR.is_file(), reason=f"real Galar timelines not found at {GALAR}")
+@pytest.mark.skipif(not GALAR.is_file(), reason=GALAR_MISSING)
 @pytest.mark.parametrize("level", ["low", "medium", "high"])
 def test_tuned_decoder_beats_paper_chain_and_empty_on_held_out_videos(tmp_path, level):
     videos = _resampled_videos(36, 2500)

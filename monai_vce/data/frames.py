@@ -91,7 +91,9 @@ def _decode_pil(raw: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 try:  # fastest path; torchvision marks its decoders deprecated in favour of torchcodec, PIL takes over then
-    from torchvision.io import ImageReadMode, decode_jpeg, decode_png
+    with warnings.catch_warnings():  # the deprecation notice, understood: PIL is the fallback once they are gone
+        warnings.filterwarnings("ignore", "The image decoding and encoding capabilities", DeprecationWarning)
+        from torchvision.io import ImageReadMode, decode_jpeg, decode_png
 
     def _decode(raw: torch.Tensor, fmt: str) -> torch.Tensor:
         return (decode_png if fmt == "png" else decode_jpeg)(raw, mode=ImageReadMode.RGB)
