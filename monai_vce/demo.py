@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 import time
 import traceback
@@ -295,7 +296,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-epochs", type=int, default=None, help="override the demo's number of epochs")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     p.add_argument("--verbose", action="store_true", help="also print the full log on the console")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch's intra-op threads (default: OMP_NUM_THREADS when set, else 1: the tiny network gains nothing "
+        "from more, and on a busy machine they wait on each other)",
+    )
     args = p.parse_args(argv)
+    threads = args.threads if args.threads is not None else (None if os.environ.get("OMP_NUM_THREADS") else 1)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(max(int(threads), 1))
     bundle = Path(args.bundle_root if args.bundle_root is not None else default_bundle_root())
     console = _Console(bundle / "demo" / "demo.log", args.verbose)
     _CONSOLES.append(console)

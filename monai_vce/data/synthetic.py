@@ -470,11 +470,13 @@ def ensure_mini_galar(
 
     The data is generated into a temporary sibling folder and renamed into place, so an interrupted
     generation never leaves a half-made dataset behind; ``out_dir/ground_truth.json`` marks a complete one.
-    ``kwargs`` go to :func:`monai_vce.data.synthetic.generate_mini_galar` (e.g. ``use_real_timelines``).
+    ``kwargs`` go to :func:`monai_vce.data.synthetic.generate_mini_galar` (e.g. ``use_real_timelines``; its
+    ``progress`` bar is on by default here, drawn on a terminal only).
 
     Returns:
         ``out_dir`` as a string.
     """
+    kwargs.setdefault("progress", True)
     out = Path(out_dir)
     if (out / "ground_truth.json").is_file():
         return str(out)
