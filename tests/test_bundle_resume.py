@@ -33,7 +33,7 @@ def test_training_killed_after_epoch_1_resumes(tmp_path, mini_galar):
     torch.save(last, out / "models" / "checkpoint_last.pt")
     kept = {name: (out / "models" / name).read_bytes() for name in ("model.pt", "decoder.json", "thresholds.json")}
 
-    proc = run_bundle(base + overrides + ["--resume", "True"])
+    proc = run_bundle(base + overrides + ["--resume", "True", "--log_iterations", "True"])  # the demo logs none
     log = proc.stdout + proc.stderr
     (tmp_path / "resume.log").write_text(log)
     assert f"Restored all variables from {out / 'models' / 'checkpoint_last.pt'}" in log

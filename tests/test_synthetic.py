@@ -107,7 +107,7 @@ def test_deterministic_for_a_seed(tmp_path):
         b = generate_mini_galar(tmp_path / "b", videos=2, frames_per_video=20, size=16, seed=3)
         c = generate_mini_galar(tmp_path / "c", videos=2, frames_per_video=20, size=16, seed=4)
     fa, fb, fc = all_files(a), all_files(b), all_files(c)
-    assert len(fa) == 2 * 20 + 2 + 3  # frames, label CSVs, metadata + ground truth + marker
+    assert len(fa) == 2 * 20 + 2 + 4  # frames, label CSVs, metadata + ground truth (+ its frame units) + marker
     assert fa == fb
     assert fa != fc
 
