@@ -41,3 +41,14 @@ def test_bundle_run_prints_the_message_last(tmp_path):
     assert res.returncode != 0
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("error: FileNotFoundError: input folder ") and "missing not found" in last, last
+
+
+def test_failing_demo_ends_with_the_message_and_keeps_the_traceback_in_its_log(tmp_path, capsys):
+    from monai_vce.demo import main
+
+    bundle = tmp_path / "bundle"
+    (bundle / "configs").mkdir(parents=True)  # a bundle folder without its configs
+    assert main(["--bundle-root", str(bundle), "--quiet"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and "train.json" in err[-1], err
+    assert "Traceback" in (bundle / "demo" / "demo.log").read_text()
