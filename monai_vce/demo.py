@@ -89,12 +89,18 @@ class _Console:
         return self._file
 
     def apply(self) -> None:
-        """Lower the console handlers MONAI's logging config installed, and log to the file."""
+        """Lower the console handlers MONAI's logging config (and MONAI's named loggers) installed; log to the file."""
         root = logging.getLogger()
-        level = logging.INFO if self.verbose or not sys.stderr.isatty() else logging.WARNING
-        for h in root.handlers:
-            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
-                h.setLevel(max(h.level, level))
+        quiet = not (self.verbose or not sys.stderr.isatty())
+        level = logging.WARNING if quiet else logging.INFO
+        loggers = [root, *(g for g in logging.Logger.manager.loggerDict.values() if isinstance(g, logging.Logger))]
+        for g in loggers:
+            for h in g.handlers:
+                if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) in (sys.stdout, sys.stderr):
+                    h.setLevel(max(h.level, level))
+        # the note each workflow logs when it applies the bundle's logging config, and ckpt_export's input summary
+        for name in ("monai.bundle.workflows", "monai.bundle.scripts"):
+            logging.getLogger(name).setLevel(logging.WARNING if quiet else logging.NOTSET)
         if self._handler() not in root.handlers:
             root.addHandler(self._handler())
         root.setLevel(min(root.level or logging.INFO, logging.INFO))
@@ -140,6 +146,8 @@ def _workflow(configs: list[str], bundle: Path, workflow_type: str, **override: 
     for console in _CONSOLES:
         console.apply()
     wf.initialize()
+    for console in _CONSOLES:  # handlers that components added while the config was parsed
+        console.apply()
     return wf
 
 
@@ -313,6 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = _Console(bundle / "demo" / "demo.log", args.verbose)
     _CONSOLES.append(console)
     try:
+        console.apply()
         with _understood_warnings():
             summary = run_demo(args.bundle_root, max_epochs=args.max_epochs, quiet=args.quiet)
     except Exception as e:  # the full traceback goes to the log; the one-line cause is the last line shown
