@@ -323,12 +323,15 @@ def test_inference_datalist_from_folder_or_json_and_pending_frames(tmp_path, min
     import numpy as np
 
     from monai_vce.events import VideoArrays, probability_file, save_video_probs
-    from monai_vce.workflows import completed_videos, inference_datalist, pending_frames, video_ids
+    from monai_vce.workflows import completed_videos, galar_datalist, inference_datalist, pending_frames, video_ids
 
     from_root = inference_datalist(mini_galar)  # <dir>/frames/<video_id>/ is found
     from_frames = inference_datalist(mini_galar / "frames")
-    strip = lambda dl: [{k: v for k, v in d.items() if k != "capsule"} for d in dl]  # noqa: E731
-    assert strip(from_root) == strip(from_frames) and all("label" not in d for d in from_root)
+    files = lambda dl: [(d["image"], d["video_id"], d["frame_number"]) for d in dl]  # noqa: E731
+    assert files(from_root) == files(from_frames) and all("label" not in d for d in from_root)
+    # label CSVs beside the frames give frame_index (the ground truth's units); a bare frames folder the file number
+    assert [d["frame_index"] for d in from_root] == [d["frame_index"] for d in galar_datalist(mini_galar)]
+    assert all(d["frame_index"] == d["frame_number"] for d in from_frames)
     assert {d["capsule"] for d in from_root} != {"unknown"}  # metadata.csv beside frames/ is read
     listed = tmp_path / "datalist.json"
     listed.write_text(json.dumps({"testing": from_root[:70]}))
@@ -337,11 +340,12 @@ def test_inference_datalist_from_folder_or_json_and_pending_frames(tmp_path, min
     first = [d for d in from_root if d["video_id"] == vids[0]]
     probs = tmp_path / "probs"
 
-    def write(vid: str, n: int) -> None:
+    def write(vid: str, n: int, index=None, number=None) -> None:
         ids = np.arange(n, dtype=np.int64)
-        save_video_probs(probability_file(probs, vid), VideoArrays(vid, np.zeros((n, 17), np.float32), ids, ids))
+        index, number = (ids if a is None else np.asarray(a, np.int64) for a in (index, number))
+        save_video_probs(probability_file(probs, vid), VideoArrays(vid, np.zeros((n, 17), np.float32), index, number))
 
-    write(vids[0], len(first))
+    write(vids[0], len(first), [d["frame_index"] for d in first], [d["frame_number"] for d in first])
     # a file with the wrong number of frames (the video folder changed) does not count as complete
     write(vids[1], 3)
     assert completed_videos(from_root, probs) == [vids[0]]
