@@ -19,6 +19,7 @@ from monai.utils import IgniteInfo, min_version, optional_import
 
 from monai_vce.events.probabilities import (
     VideoArrays,
+    check_video_ids,
     load_video_probs,
     npz_frame_count,
     probability_file,
@@ -109,7 +110,7 @@ class TemporalEventWriter:
         self.events_file = None if events_file is None else self._resolve(events_file)
         self.decoder = decoder
         self.frame_units = None if frame_units is None else as_frame_units(frame_units)
-        self.videos = None if videos is None else [str(v) for v in videos]
+        self.videos = None if videos is None else check_video_ids(videos, "the writer's videos")
         self.report_dir = None if report_dir is None else Path(report_dir)
         self.source = str(source)
         self.logger = logging.getLogger(name)
@@ -119,6 +120,7 @@ class TemporalEventWriter:
             pred_key=pred_key,
             output_transform=output_transform,
             batch_transform=batch_transform,
+            on_discard=self._discard_video,
         )
         self.written: list[str] = []
 
@@ -130,6 +132,12 @@ class TemporalEventWriter:
         path = save_video_probs(probability_file(self.output_dir, video.video_id), video, source=self.source)
         self.written.append(video.video_id)
         self.logger.info(f"saved probabilities of video {video.video_id} ({len(video)} frames): {path}")
+
+    def _discard_video(self, video_id: str) -> None:
+        """Remove the file of a video written from part of its frames (see ``VideoFrameCollector.on_discard``)."""
+        probability_file(self.output_dir, video_id).unlink(missing_ok=True)
+        if video_id in self.written:
+            self.written.remove(video_id)
 
     def _get_decoder(self) -> Any:
         if isinstance(self.decoder, EventDecoder):
@@ -184,7 +192,7 @@ class TemporalEventWriter:
                 f"in {self.output_dir}: run inference on them first"
             )
         for vid in self.video_ids():
-            video = load_video_probs(probability_file(self.output_dir, vid))
+            video = load_video_probs(probability_file(self.output_dir, vid), video_id=vid)
             events = decoder(video.probs, video.frame_ids(units), video_id=vid) if len(video) else []
             out["videos"].append({"video_id": vid, "events": list(events)})
         path = save_events(self.events_file, out)

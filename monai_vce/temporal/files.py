@@ -14,7 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from monai_vce.events.probabilities import VideoArrays, load_video_probs, npz_record, save_video_probs
+from monai_vce.events.probabilities import (
+    VideoArrays,
+    load_video_probs,
+    npz_record,
+    probability_file,
+    save_video_probs,
+)
+from monai_vce.events.probabilities import probability_files as _probability_files
 from monai_vce.events.validation import load_events
 
 from .refiner import TemporalRefiner
@@ -37,7 +44,7 @@ def probability_files(folder: PathLike) -> dict[str, Path]:
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"probability folder {folder} not found")
-    files = {p.stem: p for p in sorted(folder.glob("*.npz")) if not p.name.startswith(".")}
+    files = dict(sorted(_probability_files(folder).items()))  # file names made by video_file_name -> video ids
     if not files:
         raise ValueError(f"probability folder {folder} holds no <video_id>.npz file")
     return files
@@ -157,13 +164,13 @@ def refine_folder(
     if videos is not None:
         unknown = [v for v in videos if v not in files]
         if unknown:
-            raise FileNotFoundError(f"no probability file {Path(probs_dir) / (unknown[0] + '.npz')}")
+            raise FileNotFoundError(f"no probability file {probability_file(probs_dir, unknown[0])}")
         files = {v: files[v] for v in videos}
     trained = set(refiner.trained_videos)
     written, kept = [], []
     needs_features = refiner.inputs != "probs"
     for vid, path in files.items():
-        target = out_dir / f"{vid}.npz"
+        target = probability_file(out_dir, vid)
         video = load_video_probs(path)
         record = npz_record(target) if target.is_file() else None
         if record is not None and record == (len(video), source):
