@@ -1089,7 +1089,7 @@ def test_probability_file_with_pickled_objects_is_refused(tmp_path: Path) -> Non
         load_video_probs(path)
     assert npz_frame_count(path) is None
     # resume treats it as incomplete: the video is inferred again and the file replaced
-    assert completed_videos([{"video_id": "v1", "image": "x"}], tmp_path) == []
+    assert completed_videos([{"video_id": "v1", "image": "x", "frame_index": 0}], tmp_path) == []
     assert not marker.exists()
 
 
