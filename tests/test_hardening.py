@@ -626,3 +626,48 @@ def test_16_messages_are_bounded_escaped_and_never_echo_file_content(tmp_path: P
     _label_csv(tmp_path / "labels" / "1.csv", [(i, i, "colon") for i in range(4)])
     items, report = build_galar_datalist(tmp_path / "frames", tmp_path / "labels", return_report=True)
     assert report.videos["1"].broken_links == {"count": 1, "examples": ["frame_000003.PNG"]} and len(items) == 3
+
+
+# ------------------------------------------------------------------ the same classes of defect, elsewhere
+def test_same_defects_elsewhere_are_refused_in_one_line(tmp_path: Path) -> None:
+    """Other readers of user files and other numeric settings: the same one-line refusals."""
+    from monai_vce.data import generate_mini_galar
+    from monai_vce.data.frames import resize_frame
+    from monai_vce.events import VideoArrays, load_video_probs, probability_file, save_video_probs
+    from monai_vce.postprocessing.thresholds import load_thresholds
+    from monai_vce.review import write_review_site
+
+    # a thresholds file naming a label twice
+    thresholds = tmp_path / "thresholds.json"
+    thresholds.write_text('{"ulcer": 0.5, ' + ", ".join(f'"{n}": 0.5' for n in LABELS) + "}")
+    with pytest.raises(ValueError) as err:
+        load_thresholds(thresholds)
+    _one_line(err, str(thresholds), "key 'ulcer' appears twice")
+
+    # a probability file declaring an array of gigabytes (a damaged or hostile zip) is refused before reading
+    ids = np.arange(4, dtype=np.int64)
+    path = save_video_probs(probability_file(tmp_path, "1"), VideoArrays("1", _probs(4), ids, ids))
+    data = bytearray(path.read_bytes())
+    entry = data.index(b"PK\x01\x02")  # central directory entry of the first array: its size field at +24
+    data[entry + 24 : entry + 28] = struct.pack("<I", 0xFFFFFF00)
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError) as err:
+        load_video_probs(path)
+    _one_line(err, str(path), "GiB once read")
+
+    # numeric settings that would allocate without bound, or fail deep inside a library
+    with pytest.raises(ValueError, match=r"image_size must be one or two sides in \[1, 8192\]"):
+        resize_frame(torch.zeros(3, 8, 8, dtype=torch.uint8), 100_000)
+    with pytest.raises(ValueError, match="a mini-Galar is small"):
+        generate_mini_galar(tmp_path / "g", videos=1, frames_per_video=2, size=100_000, use_real_timelines=False)
+    assert not (tmp_path / "g").exists()
+    pred = {"videos": [{"video_id": "1", "events": []}]}
+    for kwargs, expected in (
+        ({"strip_frames": -5}, "strip_frames must be an integer in [0, 100000], got -5"),
+        ({"fps": float("nan")}, "fps must be a frame rate in (0, 10000] frames per second, got nan"),
+        ({"num_workers": 0}, "num_workers must be an integer in [1, 1024], got 0"),
+    ):
+        with pytest.raises(ValueError) as err:
+            write_review_site(pred, tmp_path, tmp_path / "site", progress=False, **kwargs)
+        _one_line(err, expected)
+    assert not (tmp_path / "site").exists()

@@ -55,6 +55,9 @@ __all__ = ["load_vce_frame", "resize_frame", "LoadVCEFrame", "LoadVCEFramed", "V
 _VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".mpg", ".mpeg", ".wmv", ".ogv")
 
 
+# largest side of a resized frame (a config's image_size): beyond it one frame alone would take gigabytes
+_MAX_SIDE = 8192
+
 # kinds of conversion already reported in this process: each kind warns once
 _WARNED: set[str] = set()
 
@@ -166,6 +169,8 @@ def resize_frame(img: torch.Tensor, image_size: int | Sequence[int] | None, anti
     """
     if image_size is not None:
         size = [int(image_size)] * 2 if isinstance(image_size, int) else [int(s) for s in image_size]
+        if len(size) != 2 or not all(1 <= s <= _MAX_SIDE for s in size):
+            raise ValueError(f"image_size must be one or two sides in [1, {_MAX_SIDE}] pixels, got {image_size!r}")
         if list(img.shape[-2:]) != size:
             img = TF.resize(img, size, interpolation=InterpolationMode.BILINEAR, antialias=antialias)
     return img.contiguous()

@@ -380,6 +380,11 @@ def generate_mini_galar(
     """
     if videos < 1 or frames_per_video < 1:
         raise ValueError(f"videos and frames_per_video must be positive, got {videos} and {frames_per_video}")
+    if videos > 10_000 or frames_per_video > 1_000_000 or size > 1024:
+        raise ValueError(
+            f"at most 10,000 videos of 1,000,000 frames of 1024 pixels are generated, got {videos} videos of "
+            f"{frames_per_video} frames of {size} pixels (a mini-Galar is small; a typo?)"
+        )
     if naming not in ("mixed", "galar", "challenge"):
         raise ValueError(f"naming must be 'mixed', 'galar' or 'challenge', got {naming!r}")
     if size < 8:

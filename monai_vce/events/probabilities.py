@@ -40,6 +40,7 @@ import logging
 import os
 import string
 import warnings
+import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -267,6 +268,7 @@ def load_video_probs(path: PathLike, features: bool = False, video_id: str | Non
     keys = ("probs", "frame_index", "frame_number", "labels", "video_id", "source") + (
         ("features",) if features else ()
     )
+    _check_member_sizes(path, keys)
     try:
         with np.load(path, allow_pickle=False) as z:
             data = {k: z[k] for k in keys if k in z.files}
@@ -314,6 +316,27 @@ def load_video_probs(path: PathLike, features: bool = False, video_id: str | Non
         features=feats,
         source=str(data["source"]) if "source" in data else "",
     )
+
+
+#: Largest array a probability file may hold (bytes once read): the features of a 130,000-frame video at D=768 in
+#: float16 are 200 MB; a file declaring far more (a hostile or damaged one) is refused before it is read.
+MAX_ARRAY_BYTES = 2 * 1024**3
+
+
+def _check_member_sizes(path: Path, keys: Sequence[str]) -> None:
+    """Refuse a probability file whose arrays would take more than :data:`MAX_ARRAY_BYTES` once read (zip header)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            sizes = {i.filename.removesuffix(".npy"): i.file_size for i in zf.infolist()}
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return  # np.load reports it below, with the file named
+    big = {k: n for k, n in sizes.items() if k in keys and n > MAX_ARRAY_BYTES}
+    if big:
+        key, n = next(iter(big.items()))
+        raise ValueError(
+            f"probability file {path}: {key!r} would take {n / 1024**3:.1f} GiB once read, more than the "
+            f"{MAX_ARRAY_BYTES / 1024**3:.0f} GiB a probability file holds (a damaged or foreign file)"
+        )
 
 
 def npz_record(path: PathLike) -> tuple[int, str] | None:

@@ -27,7 +27,6 @@ so they load through the same path as real checkpoints. Importing this module re
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 from collections.abc import Mapping
@@ -42,7 +41,7 @@ import torch
 import torch.nn as nn
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 
-from monai_vce.utils import atomic_write_bytes, atomic_write_json
+from monai_vce.utils import atomic_write_bytes, atomic_write_json, read_json_file
 
 __all__ = [
     "BIOMEDCLIP_HUB_ID",
@@ -257,9 +256,9 @@ def _hub_download(spec: str, model_id: str, filenames: tuple[str, ...]) -> Path:
 
 def _read_config_file(path: Path) -> dict[str, Any]:
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        cfg = read_json_file(path, max_bytes=16 * 1024**2, what="open_clip config")
     except (OSError, ValueError) as err:
-        raise ValueError(f"cannot read the open_clip config {path}: {err}") from err
+        raise ValueError(f"cannot read the open_clip config {path}: {err}") from None
     model_cfg = cfg.get("model_cfg", cfg) if isinstance(cfg, dict) else None
     if not isinstance(model_cfg, dict) or not all(k in model_cfg for k in ("embed_dim", "vision_cfg")):
         raise ValueError(f"{path} is not an open_clip config: expected 'model_cfg' with 'embed_dim' and 'vision_cfg'")

@@ -378,6 +378,14 @@ def write_review_site(
             message names the file and the video.
     """
     frame_units = as_frame_units(frame_units).value
+    _check_settings(
+        strip_frames=strip_frames,
+        max_event_thumbnails=max_event_thumbnails,
+        max_full_frames=max_full_frames,
+        thumb_size=thumb_size,
+        num_workers=num_workers,
+        fps=fps,
+    )
     pred_obj, pred_src = _load_events_arg(pred, "prediction")
     gt_obj = _load_events_arg(gt, "ground truth")[0] if gt is not None else None
     pred_videos = {str(v["video_id"]): list(v["events"]) for v in pred_obj["videos"]}
@@ -451,6 +459,28 @@ def write_review_site(
     }
     atomic_write_text(out / "index.js", js_data("VCE_INDEX", index))
     return atomic_write_text(out / "index.html", _INDEX_PAGE.format(count=len(entries)))
+
+
+#: Accepted range of each numeric setting of :func:`write_review_site` (inclusive).
+_SETTINGS: dict[str, tuple[int, int]] = {
+    "strip_frames": (0, 100_000),
+    "max_event_thumbnails": (0, 100_000),
+    "max_full_frames": (0, 1_000_000),
+    "thumb_size": (16, 2048),
+    "num_workers": (1, 1024),
+}
+
+
+def _check_settings(fps: float | None, **values: Any) -> None:
+    """One line naming the setting when a number is out of its range (before anything is written)."""
+    for name, value in values.items():
+        if value is None and name == "num_workers":
+            continue
+        lo, hi = _SETTINGS[name]
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
+            raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+    if fps is not None and not (isinstance(fps, (int, float)) and np.isfinite(fps) and 0 < fps <= 10_000):
+        raise ValueError(f"fps must be a frame rate in (0, 10000] frames per second, got {fps!r}")
 
 
 def _check_range(exam: Exam, events: Sequence[Mapping[str, Any]], role: str, frame_units: str) -> None:
