@@ -419,7 +419,7 @@ def _frame_id(item: Mapping[str, Any], key: str, position: int, source: str) -> 
 
 
 def completed_videos(
-    datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike, source: str | None = None
+    datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike, source: str | None = None, features: bool = False
 ) -> list[str]:
     """Videos of ``datalist`` whose probability file in ``probs_dir`` is complete.
 
@@ -427,12 +427,18 @@ def completed_videos(
     this video, holds exactly the frames the datalist lists for it (the same ``frame_index`` and ``frame_number``
     ids: a video whose frames were renumbered, added or removed since is recomputed) and, when ``source`` is given,
     was written from that source (:func:`model_fingerprint`: a retrained model recomputes everything).
+    With ``features``, a file must also hold the per-frame ``features`` (a file of a run without them is
+    recomputed).
     """
-    return _completed(datalist, datalist_videos(datalist), probs_dir, source)
+    return _completed(datalist, datalist_videos(datalist), probs_dir, source, features)
 
 
 def _completed(
-    datalist: Sequence[Mapping[str, Any]], videos: Mapping[str, np.ndarray], probs_dir: PathLike, source: str | None
+    datalist: Sequence[Mapping[str, Any]],
+    videos: Mapping[str, np.ndarray],
+    probs_dir: PathLike,
+    source: str | None,
+    features: bool = False,
 ) -> list[str]:
     out = []
     for vid, rows in videos.items():
@@ -451,15 +457,29 @@ def _completed(
         number = np.fromiter(
             (int(d.get("frame_number", d["frame_index"])) for d in items), dtype=np.int64, count=len(items)
         )
-        if np.array_equal(video.frame_index, index) and np.array_equal(video.frame_number, number):
+        if not (np.array_equal(video.frame_index, index) and np.array_equal(video.frame_number, number)):
+            logger.info(f"video {vid}: its frames changed since {path} was written; inferring it again")
+        elif not features or _has_features(path):
             out.append(vid)
         else:
-            logger.info(f"video {vid}: its frames changed since {path} was written; inferring it again")
+            logger.info(f"video {vid}: {path} holds no per-frame features; inferring it again")
     return out
 
 
+def _has_features(path: PathLike) -> bool:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return "features" in z.files
+    except Exception:  # a file unreadable now is not complete
+        return False
+
+
 def pending_frames(
-    datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike, resume: bool = True, source: str | None = None
+    datalist: Sequence[Mapping[str, Any]],
+    probs_dir: PathLike,
+    resume: bool = True,
+    source: str | None = None,
+    features: bool = False,
 ) -> list[Mapping[str, Any]]:
     """The frames of ``datalist`` still to infer: those of videos without a complete probability file.
 
@@ -474,6 +494,7 @@ def pending_frames(
         probs_dir: the folder of the per-video ``<video_id>.npz`` files.
         resume: ``False`` infers every video again.
         source: what the probability files must have been written from (see :func:`completed_videos`).
+        features: the files must also hold per-frame features (see :func:`completed_videos`).
 
     Raises:
         ValueError: an item without ``video_id`` or with a bad frame id, or a video id that cannot name a file
@@ -487,7 +508,7 @@ def pending_frames(
             "inferred once",
             stacklevel=2,
         )
-    done = set(_completed(datalist, videos, probs_dir, source)) if resume else set()
+    done = set(_completed(datalist, videos, probs_dir, source, features)) if resume else set()
     if done:
         logger.info(f"skipping {len(done)} video(s) already inferred in {probs_dir}: {', '.join(sorted(done))}")
     return [datalist[i] for vid, rows in videos.items() if vid not in done for i in rows.tolist()]
