@@ -1133,12 +1133,12 @@ def test_hostile_event_json_is_refused_with_bounded_memory(tmp_path: Path) -> No
         f.truncate(1024**3)
     assert huge.stat().st_size > DEFAULT_MAX_BYTES
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: the machine's load does not count
     with pytest.raises(ValueError, match=r"1024\.0 MiB, more than the limit of 512\.0 MiB"):
         load_events(huge)
     with pytest.raises(ValueError, match="more than the limit"):
         temporal_map(huge, huge)
-    assert time.perf_counter() - t0 < 5
+    assert time.process_time() - t0 < 5
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 200 * 1024  # KiB: nothing was loaded
 
     # too many events (cap lowered so that the test stays small)

@@ -25,7 +25,7 @@ from urllib.parse import unquote
 import numpy as np
 import pytest
 import torch
-from capped import LIGHT_CAP_MB, python_capped, run_capped
+from capped import LIGHT_CAP_MB, TORCH_CAP_MB, python_capped, run_capped
 
 from monai_vce.labels import LABELS, NUM_LABELS
 
@@ -243,6 +243,7 @@ def test_1_corrupted_frame_in_a_bundle_run_with_workers(tmp_path: Path, mini_gal
     assert f"truncated or corrupted PNG frame {bad}" in text, text[-3000:]
     assert sorted(p.name for p in (out / "probs").glob("*.npz")) == ["1.npz", "2.npz"]
     assert not (out / "events.json").exists()
+    assert not (out / ".monai_vce.lock").exists()  # the failed run released its output folder
 
 
 # ------------------------------------------------------------------------------ 2. ids that look like paths
@@ -347,6 +348,21 @@ def test_4_generator_refuses_a_folder_in_use_before_touching_it(tmp_path: Path) 
         assert holder.stdin is not None
         holder.stdin.close()
         holder.wait(timeout=60)
+
+
+# ------------------------------------------------------------------------ 8. a failed run releases its lock
+@pytest.mark.parametrize("ending", ["raise ValueError('bad input')", "sys.exit(2)"])
+def test_8_a_failed_run_removes_its_lock_file(tmp_path: Path, ending: str) -> None:
+    """A run that stops with an error or an exit status leaves no lock file behind (a killed one can; the next run
+    takes that one over, see tests/test_faults.py)."""
+    folder = tmp_path / "out"
+    code = (
+        "import os, sys\nfrom monai_vce.utils import OutputLock\n"
+        f"OutputLock(sys.argv[1]).acquire()\nassert os.path.exists(sys.argv[1] + '/.monai_vce.lock')\n{ending}\n"
+    )
+    res = python_capped(code, str(folder), limit_mb=TORCH_CAP_MB, timeout=120)
+    assert res.returncode != 0 and "AssertionError" not in res.stderr, res.stderr[-2000:]
+    assert folder.is_dir() and not (folder / ".monai_vce.lock").exists()
 
 
 # -------------------------------------------------------------------------------- 6. decompression bombs
