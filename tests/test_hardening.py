@@ -369,7 +369,7 @@ def test_8_a_failed_run_removes_its_lock_file(tmp_path: Path, ending: str) -> No
 def test_6_oversized_frames_are_refused_from_their_header(
     tmp_path: Path, hostile_frames: dict[str, tuple[Path, str]]
 ) -> None:
-    """A 200 kB PNG (or a JPEG header) declaring 30000 x 30000 pixels: refused from the header in well under a second
+    """A PNG of a few hundred bytes (or a JPEG header) declaring 30000 x 30000 pixels: refused from the header in well under a second
     (decoding it would take 3.4 GB and most of a minute)."""
     bomb_png, _ = hostile_frames["bomb_png"]
     assert bomb_png.stat().st_size < 2_000_000
