@@ -687,3 +687,23 @@ def test_same_defects_elsewhere_are_refused_in_one_line(tmp_path: Path) -> None:
             write_review_site(pred, tmp_path, tmp_path / "site", progress=False, **kwargs)
         _one_line(err, expected)
     assert not (tmp_path / "site").exists()
+
+
+def test_video_file_with_oversized_frames_is_refused_before_decoding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A video whose stream declares frames above the pixel limit: refused from the header, naming the file (the
+    limit is lowered so that the video stays tiny)."""
+    pytest.importorskip("av")
+    from monai_vce.data import frame_checks
+    from monai_vce.data.video import iter_video_frames, probe_video, write_video
+
+    path = write_video(tmp_path / "v.mkv", np.zeros((3, 32, 32, 3), np.uint8), codec="ffv1")
+    assert probe_video(path).num_frames == 3  # under the default limit: read as before
+    monkeypatch.setattr(frame_checks, "MAX_FRAME_PIXELS", 32 * 32 - 1)
+    with pytest.raises(ValueError) as err:
+        probe_video(path)
+    _one_line(err, str(path), "32 x 32 pixels, more than the limit of 1,023 pixels")
+    with pytest.raises(ValueError) as err:
+        list(iter_video_frames(path, None))
+    _one_line(err, str(path), "32 x 32 pixels")
