@@ -56,16 +56,8 @@ def load_features(path: PathLike) -> np.ndarray | None:
     Raises:
         ValueError: the file is unreadable or its features are not a 2-D array.
     """
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            if "features" not in z.files:
-                return None
-            features = z["features"]
-    except Exception as e:
-        raise ValueError(f"probability file {path} is unreadable: {e}") from None
-    if features.ndim != 2:
-        raise ValueError(f"probability file {path}: features must be (T, D), got shape {features.shape}")
-    return features
+    # through the one reader of probability files: its checks (array sizes bounded before reading, shapes, types)
+    return load_video_probs(path, features=True).features
 
 
 def _frame_ids(video: VideoArrays, units: str) -> np.ndarray:
@@ -109,7 +101,7 @@ def read_videos(
         if missing:
             name = gt if not isinstance(gt, Mapping) else "the ground truth"
             raise ValueError(
-                f"{name} has no video {missing[0]!r} (of {probs_dir}/{missing[0]}.npz)"
+                f"{name} has no video {missing[0]!r} (of {probability_file(probs_dir, missing[0])})"
                 + (f" nor {len(missing) - 1} more" if len(missing) > 1 else "")
             )
     out: dict[str, tuple] = {}
