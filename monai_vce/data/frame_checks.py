@@ -5,6 +5,8 @@ crash the whole process on such data (torchvision's ``decode_png`` segfaults on 
 is damaged), and a small file can declare an enormous image (a PNG of 2.6 MB declaring 30000 x 30000 pixels would
 take 3.4 GB and most of a minute to decode). So every frame goes through the checks of this module first:
 
+- :func:`read_frame_bytes`: the file's bytes, from a regular file only (a device such as ``/dev/zero`` or a named
+  pipe in a datalist would never end or hang the loader) and at most :data:`MAX_FRAME_BYTES`;
 - :func:`check_png`: the PNG structure from the first to the last chunk (``IEND``), every chunk's CRC-32 (a
   damaged or truncated file is named, before any decoder sees it) and the pixel count declared by the header;
 - :func:`image_size`: the width and height a PNG or JPEG header declares, read without decoding;
@@ -20,12 +22,14 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import struct
 import zlib
 
 import numpy as np
 
 __all__ = [
+    "MAX_FRAME_BYTES",
     "MAX_FRAME_PIXELS",
     "PNG_SIGNATURE",
     "JPEG_SIGNATURE",
@@ -33,11 +37,14 @@ __all__ = [
     "check_png",
     "image_size",
     "decode_rgb",
+    "read_frame_bytes",
 ]
 
 #: Largest frame accepted by default, in pixels (4096 x 4096; capsule frames are 320-576 pixels wide). A larger
 #: frame is refused from its header, before decoding; pass ``max_pixels`` to the loader to accept more.
 MAX_FRAME_PIXELS: int = 4096 * 4096
+#: Largest frame file read, in bytes (an uncompressed 4096 x 4096 RGB PNG is 48 MiB).
+MAX_FRAME_BYTES: int = 256 * 1024**2
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 JPEG_SIGNATURE = b"\xff\xd8\xff"
 
@@ -172,3 +179,45 @@ def decode_rgb(data: bytes, path: str | os.PathLike, fmt: str, max_pixels: int |
     except Exception as e:  # Pillow raises OSError, SyntaxError, zlib.error, DecompressionBombError, ...
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise ValueError(f"truncated or corrupted {what} frame {path}: {reason}") from None
+
+
+def read_frame_bytes(path: str | os.PathLike, limit: int | None = None) -> bytes:
+    """The bytes of a frame file: a regular file, read up to ``limit`` bytes (default: all, at most
+    :data:`MAX_FRAME_BYTES`).
+
+    A device or a named pipe is refused before a byte is read: a datalist pointing at one would otherwise read
+    ``/dev/zero`` until memory runs out, or wait forever on the pipe.
+
+    Raises:
+        FileNotFoundError: the file does not exist (the message says when it is a broken link).
+        ValueError: a folder, a device, pipe or socket, a file larger than :data:`MAX_FRAME_BYTES`, or unreadable;
+            one line naming the file.
+    """
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # O_NONBLOCK: opening a pipe never waits
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise FileNotFoundError(f"frame file {path} is a broken link (its target does not exist)") from None
+        raise FileNotFoundError(f"frame file not found: {path}") from None
+    except IsADirectoryError:
+        raise ValueError(f"frame path is a folder, not a PNG file: {path}") from None
+    except OSError as e:
+        raise ValueError(f"frame file {path}: cannot read it ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ValueError(f"frame path is a folder, not a PNG file: {path}")
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"frame file {path} is not a regular file (a device, pipe or socket); give an image file")
+        if st.st_size > MAX_FRAME_BYTES:
+            raise ValueError(
+                f"frame file {path} is {st.st_size / 1024**2:.0f} MiB, more than the {MAX_FRAME_BYTES / 1024**2:.0f} "
+                "MiB a frame file may take (not a capsule frame)"
+            )
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(MAX_FRAME_BYTES + 1 if limit is None else min(int(limit), MAX_FRAME_BYTES + 1))
+    except OSError as e:
+        raise ValueError(f"frame file {path}: cannot read it ({e.strerror or e})") from None
+    finally:
+        os.close(fd)

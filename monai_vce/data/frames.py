@@ -65,7 +65,7 @@ from monai.transforms import MapTransform, Transform
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
-from monai_vce.data.frame_checks import JPEG_SIGNATURE, PNG_SIGNATURE, check_png, decode_rgb
+from monai_vce.data.frame_checks import JPEG_SIGNATURE, PNG_SIGNATURE, check_png, decode_rgb, read_frame_bytes
 
 __all__ = ["load_vce_frame", "resize_frame", "LoadVCEFrame", "LoadVCEFramed", "VCEPrepareBatch", "reset_frame_warnings"]
 
@@ -92,17 +92,7 @@ def _warn_once(kind: str, message: str) -> None:
 
 
 def _read_bytes(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        if os.path.islink(path):
-            raise FileNotFoundError(f"frame file {path} is a broken link (its target does not exist)") from None
-        raise FileNotFoundError(f"frame file not found: {path}") from None
-    except IsADirectoryError:
-        raise ValueError(f"frame path is a folder, not a PNG file: {path}") from None
-    except OSError as e:
-        raise ValueError(f"frame file {path}: cannot read it ({e.strerror or e})") from None
+    return read_frame_bytes(path)
 
 
 def _to_uint8(img: torch.Tensor) -> torch.Tensor:

@@ -50,7 +50,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from monai_vce.data.frame_checks import JPEG_SIGNATURE, PNG_SIGNATURE, check_png, decode_rgb, image_size
+from monai_vce.data.frame_checks import (
+    JPEG_SIGNATURE,
+    PNG_SIGNATURE,
+    check_png,
+    decode_rgb,
+    image_size,
+    read_frame_bytes,
+)
 from monai_vce.data.frame_checks import check_pixels as _check_pixels
 from monai_vce.data.video import is_video_file, list_video_frames, probe_video, verify_video
 from monai_vce.events.ground_truth import ground_truth_events
@@ -316,11 +323,7 @@ def _bad_frames(
 
 def _check_frame_file(path: str, mode: str, max_pixels: int | None) -> None:
     if mode == "header":
-        try:
-            with open(path, "rb") as f:
-                head = f.read(64 * 1024)  # a JPEG's frame header may follow its metadata
-        except FileNotFoundError:
-            raise FileNotFoundError(f"frame file not found (or a broken link): {path}") from None
+        head = read_frame_bytes(path, 64 * 1024)  # a JPEG's frame header may follow its metadata
         if not head:
             raise ValueError(f"empty file (0 bytes): {path}")
         if not head.startswith(PNG_SIGNATURE):
@@ -328,11 +331,7 @@ def _check_frame_file(path: str, mode: str, max_pixels: int | None) -> None:
         width, height = image_size(head, path)
         _check_pixels(width, height, path, max_pixels)
         return
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"frame file not found (or a broken link): {path}") from None
+    data = read_frame_bytes(path)
     if not data:
         raise ValueError(f"empty file (0 bytes): {path}")
     if data.startswith(PNG_SIGNATURE):

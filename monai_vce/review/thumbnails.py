@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from monai_vce.data.frame_checks import JPEG_SIGNATURE, PNG_SIGNATURE, check_png, decode_rgb
+from monai_vce.data.frame_checks import JPEG_SIGNATURE, PNG_SIGNATURE, check_png, decode_rgb, read_frame_bytes
 from monai_vce.data.video import iter_video_frames
 
 __all__ = ["ImageJob", "render_jobs", "jpeg_bytes"]
@@ -69,13 +69,7 @@ def jpeg_bytes(rgb: np.ndarray, max_side: int | None, quality: int) -> bytes:
 
 def _read_rgb(path: str) -> np.ndarray:
     # the frame loader's checks (structure, checksums, pixel limit from the header) before Pillow decodes
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"frame file not found: {path}") from None
-    except OSError as e:
-        raise ValueError(f"unreadable frame file {path}: {e.strerror or e}") from None
+    data = read_frame_bytes(path)  # a regular file, bounded
     if data.startswith(PNG_SIGNATURE):
         check_png(data, path)
         rgb = decode_rgb(data, path, "png")
