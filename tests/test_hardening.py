@@ -712,19 +712,20 @@ def test_video_file_with_oversized_frames_is_refused_before_decoding(
 def test_frame_path_that_is_a_device_or_a_pipe_is_refused(tmp_path: Path) -> None:
     """A datalist pointing a frame at ``/dev/zero`` or a named pipe: refused before reading (the loader read
     ``/dev/zero`` until memory ran out and waited forever on the pipe), by the loader, the datalist check and the
-    review thumbnails; run in a child process under a memory cap and a timeout."""
+    review thumbnails; a checkpoint path likewise. Run in a child process under a memory cap and a timeout."""
     fifo = tmp_path / "frame_000001.png"
     os.mkfifo(fifo)
     code = (
         "import sys\nfrom monai_vce.data import verify_frames\nfrom monai_vce.data.frames import load_vce_frame\n"
-        "from monai_vce.review.thumbnails import _read_rgb\nfor p in sys.argv[1:]:\n"
-        "    for f in (load_vce_frame, _read_rgb, lambda p: verify_frames([p], mode='decode')):\n"
+        "from monai_vce.review.thumbnails import _read_rgb\nfrom monai_vce.networks.backbone import read_torch_file\n"
+        "for p in sys.argv[1:]:\n"
+        "    for f in (load_vce_frame, _read_rgb, lambda p: verify_frames([p], mode='decode'), read_torch_file):\n"
         "        try:\n            f(p)\n            print('READ', p)\n"
         "        except ValueError as e:\n            print('REFUSED', e)\n"
     )
     res = python_capped(code, "/dev/zero", str(fifo), limit_mb=TORCH_CAP_MB, timeout=120)
     assert res.returncode == 0, f"exit {res.returncode}:\n{res.stdout}\n{res.stderr[-2000:]}"
     lines = res.stdout.strip().splitlines()
-    assert len(lines) == 6 and all(line.startswith("REFUSED") for line in lines), lines
-    for path, group in (("/dev/zero", lines[:3]), (str(fifo), lines[3:])):
+    assert len(lines) == 8 and all(line.startswith("REFUSED") for line in lines), lines
+    for path, group in (("/dev/zero", lines[:4]), (str(fifo), lines[4:])):
         assert all(path in line and "not a regular file" in line for line in group), group

@@ -395,6 +395,8 @@ def read_torch_file(path: str | os.PathLike, what: str = "checkpoint", mmap: boo
     if not path.exists():
         raise FileNotFoundError(f"{what} {path} not found")
     cannot = f"cannot read {what} {path}"
+    if not path.is_file():  # a folder, device or named pipe (opening a pipe would wait forever)
+        raise ValueError(f"{cannot}: it is not a regular file (a folder, device, pipe or socket); give a file")
     try:
         with open(path, "rb") as f:
             head = f.read(16)
