@@ -729,3 +729,21 @@ def test_frame_path_that_is_a_device_or_a_pipe_is_refused(tmp_path: Path) -> Non
     assert len(lines) == 8 and all(line.startswith("REFUSED") for line in lines), lines
     for path, group in (("/dev/zero", lines[:4]), (str(fifo), lines[4:])):
         assert all(path in line and "not a regular file" in line for line in group), group
+
+
+def test_refined_files_are_reused_only_for_the_same_frames(tmp_path: Path) -> None:
+    """The refinement's resume, like inference's: a refined file is kept only when it holds the same frame ids as its
+    input (before, the same frame count and source were enough, so a re-inferred, renumbered video kept stale ids)."""
+    from monai_vce.events import VideoArrays, load_video_probs, probability_file, save_video_probs
+    from monai_vce.temporal import TemporalRefiner
+    from monai_vce.temporal.files import refine_folder
+
+    probs, out = tmp_path / "probs", tmp_path / "refined"
+    refiner = TemporalRefiner(network={"stages": 1, "layers": 1, "channels": 4})
+    ids = np.arange(10, dtype=np.int64)
+    save_video_probs(probability_file(probs, "1"), VideoArrays("1", _probs(10), ids, ids), source="m")
+    assert refine_folder(refiner, probs, out, source="r")["written"] == ["1"]
+    assert refine_folder(refiner, probs, out, source="r")["kept"] == ["1"]
+    save_video_probs(probability_file(probs, "1"), VideoArrays("1", _probs(10), ids + 100, ids + 100), source="m")
+    assert refine_folder(refiner, probs, out, source="r")["written"] == ["1"]
+    np.testing.assert_array_equal(load_video_probs(probability_file(out, "1")).frame_index, ids + 100)
