@@ -97,7 +97,7 @@ def test_metric_refuses_or_converts_files_in_other_units(tmp_path, capsys):
     assert json.loads(out.out)["frame_units"] == "frame_index" and "records no frame units" in out.err
 
 
-def test_resume_refuses_probability_files_of_other_frame_ids(tmp_path):
+def test_resume_never_reuses_probability_files_of_other_frame_ids(tmp_path):
     probs = _probs(tmp_path / "probs")
     same = [
         {"video_id": "v", "frame_index": int(i), "frame_number": int(n)} for i, n in zip(INDEX, NUMBER, strict=True)
@@ -105,8 +105,7 @@ def test_resume_refuses_probability_files_of_other_frame_ids(tmp_path):
     assert completed_videos(same, probs) == ["v"]
     # the same frames listed with frame_index = the file-name number (an unlabelled datalist of that folder)
     other = [dict(d, frame_index=d["frame_number"]) for d in same]
-    with pytest.raises(ValueError, match="resuming would mix frame units"):
-        completed_videos(other, probs)
+    assert completed_videos(other, probs) == []  # inferred again in this run's units, never reused
 
 
 def test_inference_datalist_takes_frame_index_from_the_label_csvs(mini_galar):

@@ -30,7 +30,7 @@ import torch
 
 from monai_vce.data import LoadVCEFramed, VCEPrepareBatch, vce_val_transforms
 from monai_vce.engines import FrameInferer
-from monai_vce.events.probabilities import npz_record
+from monai_vce.events.probabilities import npz_record, probability_file
 from monai_vce.handlers.event_writer import TemporalEventWriter
 from monai_vce.labels import LABELS, NUM_LABELS
 from monai_vce.postprocessing import EventDecoder
@@ -335,7 +335,7 @@ class ReducedInference:
 
     def _complete(self, vid: str, frames: int) -> bool:
 
-        record = npz_record(self.output_dir / f"{vid}.npz")
+        record = npz_record(probability_file(self.output_dir, vid))
         return record is not None and record[0] == frames and record[1] in (self.source, self._stored_source())
 
     def _save(self, vid: str, rows: np.ndarray, probs: np.ndarray, inferred: np.ndarray) -> Path:
@@ -343,7 +343,7 @@ class ReducedInference:
         index = np.array([int(d["frame_index"]) for d in items], dtype=np.int64)
         number = np.array([int(d.get("frame_number", d["frame_index"])) for d in items], dtype=np.int64)
         return atomic_save_npz(
-            self.output_dir / f"{vid}.npz",
+            probability_file(self.output_dir, vid),
             probs=probs.astype(np.float32, copy=False),
             frame_index=index,
             frame_number=number,
