@@ -246,7 +246,7 @@ def test_training_sigkill_resumes_from_last_checkpoint(mini_galar: Path, tmp_pat
     assert killed_iteration % epoch_length == 0 and 1 <= killed_epoch < epochs
 
     log2 = tmp_path / "run2.log"
-    res = _run([*argv, "--resume", "True"])
+    res = _run([*argv, "--resume", "True", "--log_iterations", "True"])  # the demo logs no iteration lines
     log2.write_text(res.stdout + res.stderr)
     assert res.returncode == 0, log2.read_text()[-4000:]
     text = log2.read_text()

@@ -158,13 +158,12 @@ class FrameProgressHandler:
                 self._last_video = vid
         self.frames += n
         if self._bar is not None:
-            self._bar.update(n)
-            if self._bar.total is not None and self._bar.n >= self._bar.total:
-                self.close()  # done: a bar drawn after this one (validation at the last epoch) starts below it
-                return
             if ids and self.count_videos:
                 videos = f"{self.videos}/{self.total_videos}" if self.total_videos else str(self.videos)
                 self._bar.set_postfix(videos=videos, video=str(self._last_video), refresh=False)
+            self._bar.update(n)
+            if self._bar.total is not None and self._bar.n >= self._bar.total:
+                self.close()  # done: a bar drawn after this one (validation at the last epoch) starts below it
 
     def epoch_completed(self, engine: Engine) -> None:
         """Close the bar (``scope="epoch"``) and log the summary line."""
