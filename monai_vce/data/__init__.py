@@ -17,7 +17,7 @@ from .galar import (
     read_metadata,
     verify_frames,
 )
-from .splits import group_by_video, kfold_videos, split_videos, video_ids, video_label_presence
+from .splits import group_by_video, kfold_videos, lazy_split_videos, split_videos, video_ids, video_label_presence
 
 __all__ = [
     "GalarReport",
@@ -38,12 +38,14 @@ __all__ = [
     "inference_datalist",
     "group_by_video",
     "kfold_videos",
+    "lazy_split_videos",
     "split_videos",
     "video_ids",
     "video_label_presence",
     "generate_mini_galar",
     "ensure_mini_galar",
     "resample_timeline",
+    "DataLoader",
     "DistributedSqrtFrequencySampler",
     "SqrtFrequencySampler",
     "label_frequency_weights",
@@ -69,6 +71,7 @@ _LAZY = {
     "generate_mini_galar": "synthetic",
     "ensure_mini_galar": "synthetic",
     "resample_timeline": "synthetic",
+    "DataLoader": "loader",
     "DistributedSqrtFrequencySampler": "samplers",
     "SqrtFrequencySampler": "samplers",
     "label_frequency_weights": "samplers",

@@ -237,13 +237,15 @@ def model_fingerprint(model_file: PathLike) -> str:
 
 
 def completed_videos(
-    datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike, source: str | None = None
+    datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike, source: str | None = None, features: bool = False
 ) -> list[str]:
     """Videos of ``datalist`` whose probability file in ``probs_dir`` is complete.
 
     A file is complete when it exists (files are written atomically), passes :func:`load_video_probs`'s checks,
     holds as many frames as the datalist has for that video (a video folder that grew since is recomputed) and, when ``source`` is
     given, was written from that source (:func:`model_fingerprint`: a retrained model recomputes everything).
+    With ``features``, a file must also hold the per-frame ``features`` (a file of a run without them is
+    recomputed).
     """
     counts: dict[str, int] = {}
     for d in datalist:
@@ -252,13 +254,26 @@ def completed_videos(
     out = []
     for vid, n in counts.items():
         record = npz_record(probability_file(probs_dir, vid))
-        if record is not None and record[0] == n and (source is None or record[1] == source):
+        complete = record is not None and record[0] == n and (source is None or record[1] == source)
+        if complete and (not features or _has_features(probability_file(probs_dir, vid))):
             out.append(vid)
     return out
 
 
+def _has_features(path: PathLike) -> bool:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return "features" in z.files
+    except Exception:  # a file unreadable now is not complete
+        return False
+
+
 def pending_frames(
-    datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike, resume: bool = True, source: str | None = None
+    datalist: Sequence[Mapping[str, Any]],
+    probs_dir: PathLike,
+    resume: bool = True,
+    source: str | None = None,
+    features: bool = False,
 ) -> list[Mapping[str, Any]]:
     """The frames of ``datalist`` still to infer: those of videos without a complete probability file.
 
@@ -270,10 +285,11 @@ def pending_frames(
         probs_dir: the folder of the per-video ``<video_id>.npz`` files.
         resume: ``False`` returns the whole datalist (recompute everything).
         source: what the probability files must have been written from (see :func:`completed_videos`).
+        features: the files must also hold per-frame features (see :func:`completed_videos`).
     """
     if not resume:
         return list(datalist)
-    done = set(completed_videos(datalist, probs_dir, source=source))
+    done = set(completed_videos(datalist, probs_dir, source=source, features=features))
     if done:
         logger.info(f"skipping {len(done)} video(s) already inferred in {probs_dir}: {', '.join(sorted(done))}")
     return [d for d in datalist if str(d["video_id"]) not in done]
