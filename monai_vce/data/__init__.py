@@ -17,7 +17,7 @@ from .galar import (
     read_metadata,
     verify_frames,
 )
-from .splits import group_by_video, kfold_videos, split_videos, video_ids, video_label_presence
+from .splits import group_by_video, kfold_videos, split_videos, video_ids, video_label_presence, video_rows
 
 __all__ = [
     "GalarReport",
@@ -37,6 +37,7 @@ __all__ = [
     "galar_ground_truth",
     "inference_datalist",
     "group_by_video",
+    "video_rows",
     "kfold_videos",
     "split_videos",
     "video_ids",

@@ -12,6 +12,9 @@ key                 array                       meaning
 ``labels``          str ``(17,)``               the label names, :data:`~monai_vce.labels.LABELS`
 ``source``          str ``()``, optional        what wrote the file (:func:`model_fingerprint`)
 ``features``        float16 ``(T, D)``, opt.    the pooled image feature of each frame
+``inferred``        bool ``(T,)``, optional     frames that went through the network (reduced
+                                                inference; the others were filled in); absent:
+                                                every frame was inferred
 ==================  ==========================  ==================================================
 
 Files are written atomically, so a file that exists is complete. :func:`video_file_name` is the one place where a
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,9 +77,11 @@ class VideoArrays:
         targets: ``(T, 17)`` float32 targets, or ``None`` when the frames had none.
         features: ``(T, D)`` per-frame features, or ``None``.
         source: what produced the probabilities (``""`` when unknown).
+        inferred: ``(T,)`` bool mask of the frames that went through the network (reduced inference), or
+            ``None`` when every frame did.
     """
 
-    __slots__ = ("features", "frame_index", "frame_number", "probs", "source", "targets", "video_id")
+    __slots__ = ("features", "frame_index", "frame_number", "inferred", "probs", "source", "targets", "video_id")
 
     def __init__(
         self,
@@ -87,6 +92,7 @@ class VideoArrays:
         targets: np.ndarray | None = None,
         features: np.ndarray | None = None,
         source: str = "",
+        inferred: np.ndarray | None = None,
     ) -> None:
         self.video_id = video_id
         self.probs = probs
@@ -95,6 +101,7 @@ class VideoArrays:
         self.targets = targets
         self.features = features
         self.source = source
+        self.inferred = inferred
 
     @property
     def labels(self) -> np.ndarray | None:
@@ -138,7 +145,8 @@ def probability_files(folder: PathLike) -> dict[str, Path]:
 
 
 def save_video_probs(path: PathLike, video: VideoArrays, source: str | None = None) -> Path:
-    """Write one video's probabilities (and features, when it has them) in the format above, atomically.
+    """Write one video's probabilities (and features and the inferred mask, when it has them) in the format
+    above, atomically.
 
     Args:
         path: the file (name it with :func:`probability_file`).
@@ -155,6 +163,14 @@ def save_video_probs(path: PathLike, video: VideoArrays, source: str | None = No
     }
     if video.features is not None:
         arrays["features"] = np.asarray(video.features, dtype=np.float16)
+    if video.inferred is not None:
+        inferred = np.asarray(video.inferred)
+        if inferred.shape != arrays["probs"].shape[:1] or inferred.dtype != np.bool_:
+            raise ValueError(
+                f"video {video.video_id!r}: 'inferred' must be {len(arrays['probs'])} booleans (one per frame), "
+                f"got {inferred.dtype} {inferred.shape}"
+            )
+        arrays["inferred"] = inferred
     return atomic_save_npz(path, **arrays)
 
 
@@ -173,7 +189,9 @@ def load_video_probs(path: PathLike, features: bool = False) -> VideoArrays:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"probability file {path} not found")
-    keys = ("probs", "frame_index", "frame_number", "labels", "source") + (("features",) if features else ())
+    keys = ("probs", "frame_index", "frame_number", "labels", "source", "inferred") + (
+        ("features",) if features else ()
+    )
     try:
         with np.load(path, allow_pickle=False) as z:
             data = {k: z[k] for k in keys if k in z.files}
@@ -199,6 +217,12 @@ def load_video_probs(path: PathLike, features: bool = False) -> VideoArrays:
     feats = data.get("features")
     if feats is not None and (feats.ndim != 2 or feats.shape[0] != T or not np.issubdtype(feats.dtype, np.floating)):
         raise ValueError(f"probability file {path}: 'features' must be a float (T={T}, D) array, got {feats.shape}")
+    inferred = data.get("inferred")
+    if inferred is not None and (inferred.shape != (T,) or inferred.dtype != np.bool_):
+        raise ValueError(
+            f"probability file {path}: 'inferred' must be {T} booleans (one per row of 'probs'), "
+            f"got {inferred.dtype} {inferred.shape}"
+        )
     return VideoArrays(
         path.name[: -len(PROBS_SUFFIX)] if path.name.endswith(PROBS_SUFFIX) else path.stem,
         probs.astype(np.float32, copy=False),
@@ -206,6 +230,7 @@ def load_video_probs(path: PathLike, features: bool = False) -> VideoArrays:
         data["frame_number"].astype(np.int64, copy=False),
         features=feats,
         source=str(data["source"]) if "source" in data else "",
+        inferred=inferred,
     )
 
 
@@ -236,15 +261,24 @@ def model_fingerprint(model_file: PathLike) -> str:
     return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
 
 
+def _sources(source: str | Collection[str] | None) -> frozenset[str] | None:
+    if source is None:
+        return None
+    return frozenset([source] if isinstance(source, str) else (str(s) for s in source))
+
+
 def completed_videos(
-    datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike, source: str | None = None
+    datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike, source: str | Collection[str] | None = None
 ) -> list[str]:
     """Videos of ``datalist`` whose probability file in ``probs_dir`` is complete.
 
     A file is complete when it exists (files are written atomically), passes :func:`load_video_probs`'s checks,
-    holds as many frames as the datalist has for that video (a video folder that grew since is recomputed) and, when ``source`` is
-    given, was written from that source (:func:`model_fingerprint`: a retrained model recomputes everything).
+    holds as many frames as the datalist has for that video (a video folder that grew since is recomputed) and,
+    when ``source`` is given, was written from that source (:func:`model_fingerprint`: a retrained model
+    recomputes everything) or, when ``source`` is a collection, from one of them (a reduced inference reuses
+    the files of a full inference of the same model, see :func:`monai_vce.inference.reduced_source`).
     """
+    accepted = _sources(source)
     counts: dict[str, int] = {}
     for d in datalist:
         vid = str(d["video_id"])
@@ -252,13 +286,16 @@ def completed_videos(
     out = []
     for vid, n in counts.items():
         record = npz_record(probability_file(probs_dir, vid))
-        if record is not None and record[0] == n and (source is None or record[1] == source):
+        if record is not None and record[0] == n and (accepted is None or record[1] in accepted):
             out.append(vid)
     return out
 
 
 def pending_frames(
-    datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike, resume: bool = True, source: str | None = None
+    datalist: Sequence[Mapping[str, Any]],
+    probs_dir: PathLike,
+    resume: bool = True,
+    source: str | Collection[str] | None = None,
 ) -> list[Mapping[str, Any]]:
     """The frames of ``datalist`` still to infer: those of videos without a complete probability file.
 
@@ -269,7 +306,8 @@ def pending_frames(
         datalist: the full frame datalist.
         probs_dir: the folder of the per-video ``<video_id>.npz`` files.
         resume: ``False`` returns the whole datalist (recompute everything).
-        source: what the probability files must have been written from (see :func:`completed_videos`).
+        source: what the probability files must have been written from, or a collection of the sources
+            accepted (see :func:`completed_videos`).
     """
     if not resume:
         return list(datalist)

@@ -82,6 +82,11 @@ class TemporalEventWriter:
             the frame probabilities behind the predicted events, and a summary; see
             :func:`monai_vce.report.write_report`); ``None`` draws nothing. Drawing needs matplotlib
             (``pip install monai-vce[report]``); without it a one-line warning is logged and nothing is drawn.
+        source: what the probabilities come from, stored in each file (see
+            :func:`monai_vce.events.model_fingerprint`).
+        probs_transform: a callable ``(T, 17) probabilities -> (T, 17) probabilities`` applied to each video's
+            probabilities before decoding, e.g. a temporal refiner's ``refine``; the files keep the frame model's
+            probabilities. ``None`` decodes them as they are.
         name: logger name (``None``: the engine's logger).
 
     Example (bundle JSON)::
@@ -103,6 +108,7 @@ class TemporalEventWriter:
         batch_transform: Callable[[Any], Any] | None = None,
         report_dir: PathLike | None = None,
         source: str = "",
+        probs_transform: Callable[[Any], Any] | None = None,
         name: str | None = None,
     ) -> None:
         self.output_dir = Path(output_dir)
@@ -112,6 +118,7 @@ class TemporalEventWriter:
         self.videos = None if videos is None else [str(v) for v in videos]
         self.report_dir = None if report_dir is None else Path(report_dir)
         self.source = str(source)
+        self.probs_transform = probs_transform
         self.logger = logging.getLogger(name)
         self._name = name
         self.collector = VideoFrameCollector(
@@ -130,6 +137,17 @@ class TemporalEventWriter:
         path = save_video_probs(probability_file(self.output_dir, video.video_id), video, source=self.source)
         self.written.append(video.video_id)
         self.logger.info(f"saved probabilities of video {video.video_id} ({len(video)} frames): {path}")
+
+    def _transform(self, video: VideoArrays) -> Any:
+        if self.probs_transform is None:
+            return video.probs
+        probs = self.probs_transform(video.probs)
+        if getattr(probs, "shape", None) != video.probs.shape:
+            raise ValueError(
+                f"video {video.video_id}: probs_transform returned shape {getattr(probs, 'shape', type(probs))} for "
+                f"probabilities of shape {video.probs.shape}"
+            )
+        return probs
 
     def _get_decoder(self) -> Any:
         if isinstance(self.decoder, EventDecoder):
@@ -185,7 +203,8 @@ class TemporalEventWriter:
             )
         for vid in self.video_ids():
             video = load_video_probs(probability_file(self.output_dir, vid))
-            events = decoder(video.probs, video.frame_ids(units), video_id=vid) if len(video) else []
+            probs = self._transform(video) if len(video) else video.probs
+            events = decoder(probs, video.frame_ids(units), video_id=vid) if len(video) else []
             out["videos"].append({"video_id": vid, "events": list(events)})
         path = save_events(self.events_file, out)
         n_events = sum(len(v["events"]) for v in out["videos"])
