@@ -12,7 +12,14 @@ import torch
 from monai_vce.data import LoadVCEFramed
 from monai_vce.data.synthetic import generate_mini_galar
 from monai_vce.events import VideoArrays, load_video_probs, pending_frames, save_video_probs
-from monai_vce.inference import FramePredictor, FrameSignatured, ReducedInference, duplicate_anchors, frame_signature
+from monai_vce.inference import (
+    FramePredictor,
+    FrameSignatured,
+    ReducedInference,
+    duplicate_anchors,
+    frame_signature,
+    resume_sources,
+)
 from monai_vce.labels import NUM_LABELS
 from monai_vce.networks import TINY_MODEL_NAME, DiffAttnCLIPClassifier
 from monai_vce.workflows import inference_datalist
@@ -151,6 +158,10 @@ def test_resume_between_full_and_reduced_inference(mini, network, tmp_path):
     other_model = ReducedInference(network, data, out, stride=4, refine=False, **{**common, "source": "model-b"})
     other_model.run()
     assert other_model.predictor.frames_inferred == 2 * 11
+    # the bundle filters its dataset with the same rule
+    keys = {"stride": 4, "refine": True, "budget": None, "margin": 0.3, "duplicate_tolerance": 0.0, "options": {}}
+    assert resume_sources("model-a", keys) == ["model-a", reduced.stored_source]
+    assert resume_sources("model-a", {**keys, "stride": 1}) == resume_sources("model-a") == ["model-a"]
 
 
 def test_probs_transform_composes_with_reduced_inference(mini, network, tmp_path):

@@ -38,6 +38,7 @@ __all__ = [
     "is_reduced",
     "reduction_tag",
     "reduced_source",
+    "resume_sources",
 ]
 
 _LAZY = {
@@ -49,6 +50,7 @@ _LAZY = {
     "is_reduced": "driver",
     "reduction_tag": "driver",
     "reduced_source": "driver",
+    "resume_sources": "driver",
 }
 
 

@@ -45,7 +45,7 @@ from .signature import SIGNATURE_KEY, FrameSignatured
 
 idist, _ = optional_import("ignite", IgniteInfo.OPT_IMPORT_VERSION, min_version, "distributed")
 
-__all__ = ["FramePredictor", "ReducedInference", "is_reduced", "reduction_tag", "reduced_source"]
+__all__ = ["FramePredictor", "ReducedInference", "is_reduced", "reduction_tag", "reduced_source", "resume_sources"]
 
 PathLike = str | os.PathLike
 logger = logging.getLogger(__name__)
@@ -87,6 +87,24 @@ def reduced_source(source: str, tag: str) -> str:
     settings only.
     """
     return f"{source}|{tag}" if tag else source
+
+
+def resume_sources(source: str, reduction: Mapping[str, Any] | None = None) -> list[str]:
+    """The ``source`` values of the probability files that a run with these reduction settings reuses on resume:
+    full inference's (``source``) and, for a reduced run, its own (:func:`reduced_source`).
+
+    Args:
+        source: the model's source (:func:`monai_vce.events.model_fingerprint`).
+        reduction: the keyword arguments of :func:`reduction_tag` (the bundle's ``reduction`` keys); ``None``:
+            full inference.
+
+    Example (bundle JSON, the frames still to infer)::
+
+        "$monai_vce.workflows.pending_frames(@datalist, @probs_dir, resume=@resume,
+            source=monai_vce.inference.resume_sources(@probs_source, @reduction))"
+    """
+    tag = reduction_tag(**reduction) if reduction else ""
+    return [source, reduced_source(source, tag)] if tag else [source]
 
 
 class _RowSampler(torch.utils.data.Sampler):
@@ -468,7 +486,7 @@ class ReducedInference:
         mine = {v: r for i, (v, r) in enumerate(groups.items()) if i % world == rank}
         done: set[str] = set()
         if self.resume and mine:
-            accepted = {self.source, self.stored_source}
+            accepted = {self.source, self.stored_source}  # the rule of resume_sources, which the bundle filters with
             done = set(
                 completed_videos([data[i] for r in mine.values() for i in r.tolist()], self.output_dir, accepted)
             )
