@@ -161,34 +161,33 @@ def test_resume_reuses_full_and_same_setting_files(runs, mini_galar, tmp_path):
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
-def test_two_processes_split_the_videos(runs, mini_galar, tmp_path):
-    """``torchrun`` with multi_gpu_inference.json (gloo on CPU): each rank infers its videos, rank 0 writes the
-    events, equal to the single-process run."""
-    run, _, strided, _ = runs
+@pytest.mark.parametrize("reduced", [True, False], ids=["reduced", "full"])
+def test_two_processes(runs, mini_galar, tmp_path, reduced):
+    """``torchrun`` with multi_gpu_inference.json (gloo on CPU): reduced inference splits the videos between the
+    ranks, full inference the frames; rank 0 writes the events, equal to the single-process run's."""
+    run, full, strided, _ = runs
     out = tmp_path / "ddp"
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
-    args = _args(
-        run,
-        mini_galar / "frames",
-        out,
-        "--reduction#stride",
-        "4",
-        "--reduction#refine",
-        "False",
-        configs=(INFERENCE, DEMO, MULTI_GPU_INFERENCE),
-    )
+    extra = ("--reduction#stride", "4", "--reduction#refine", "False") if reduced else ()
+    args = _args(run, mini_galar / "frames", out, *extra, configs=(INFERENCE, DEMO, MULTI_GPU_INFERENCE))
     cmd = [torchrun, "--nproc_per_node=2", f"--master_port={free_port()}", "-m", "monai.bundle", *args]
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
-    assert (out / "events.json").read_bytes() == (strided / "events.json").read_bytes()
-    assert sorted(_files(out)) == sorted(_files(strided))
-    # every video inferred once, by one rank: one line per video, and one summary of all ranks
-    k = strided_rows(60, 4).size
-    for vid in _files(out):
-        assert log.count(f"video {vid}: inferred {k} of 60 frames") == 1, vid
-    assert log.count(f"reduced inference: inferred {4 * k} of 240 frames") == 1
+    reference = strided if reduced else full
+    assert (out / "events.json").read_bytes() == (reference / "events.json").read_bytes()
+    assert sorted(_files(out)) == sorted(_files(reference))
+    for vid, path in _files(reference).items():
+        a, b = load_video_probs(path), load_video_probs(out / "probs" / path.name)
+        np.testing.assert_allclose(a.probs, b.probs, atol=1e-6)  # batches are composed otherwise on two ranks
+        assert a.source == b.source and ((a.inferred is None) == (b.inferred is None) == (not reduced)), vid
+    assert log.count(" events of 4 videos: ") == 1  # the events are written once (rank 0)
+    if reduced:  # every video inferred once, by one rank: one line per video, one summary of all ranks
+        k = strided_rows(60, 4).size
+        for vid in _files(out):
+            assert log.count(f"video {vid}: inferred {k} of 60 frames") == 1, vid
+        assert log.count(f"reduced inference: inferred {4 * k} of 240 frames") == 1
 
 
 def test_reduction_keys_and_the_probability_transform_in_the_config(mini_galar, tmp_path):
