@@ -1,4 +1,5 @@
-"""Small shared helpers: atomic file writing, exclusive output-folder locks, natural sort order, the bundle folder.
+"""Small shared helpers: atomic file writing, exclusive output-folder locks, natural sort order, the bundle folder,
+lazily computed sequences and mappings.
 
 Every file the project writes goes through :func:`atomic_write_bytes` (temporary file in the same folder,
 ``fsync``, ``os.replace``), so a file that exists under its final name is complete, and a run killed at
@@ -16,7 +17,7 @@ import os
 import re
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -29,6 +30,8 @@ __all__ = [
     "atomic_write_json",
     "atomic_save_npz",
     "OutputLock",
+    "LazySequence",
+    "LazyMapping",
 ]
 
 PathLike = str | os.PathLike
@@ -210,6 +213,77 @@ class OutputLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+class _Lazy:
+    """The value of ``func(*args, **kwargs)``, computed on first use and kept."""
+
+    def __init__(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self.func, self.args, self.kwargs = func, args, kwargs
+        self._value: Any = None
+        self._computed = False
+
+    @property
+    def computed(self) -> bool:
+        """Whether the value has been computed (any use computes it)."""
+        return self._computed
+
+    @property
+    def value(self) -> Any:
+        """The value, computed now on first use."""
+        if not self._computed:
+            self._value = self.func(*self.args, **self.kwargs)
+            self._computed = True
+        return self._value
+
+    def __repr__(self) -> str:
+        name = getattr(self.func, "__qualname__", repr(self.func))
+        return f"{type(self).__name__}({name}, {'computed' if self._computed else 'not computed yet'})"
+
+
+class LazySequence(_Lazy, Sequence):
+    """A sequence computed by ``func(*args, **kwargs)`` on first use (``len``, indexing, iteration).
+
+    The bundle's configs build their datalists, splits and video lists with it, so that parsing a config and
+    MONAI's ``check_properties`` read no data: the dataset folder is read when a workflow runs. Errors (a missing
+    dataset folder, for instance) are raised then, by ``func``, with its message.
+
+    Example::
+
+        "datalist": "$monai_vce.utils.LazySequence(monai_vce.workflows.galar_datalist, @dataset_dir)"
+    """
+
+    def __len__(self) -> int:
+        return len(self.value)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.value[index]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class LazyMapping(_Lazy, Mapping):
+    """A mapping computed by ``func(*args, **kwargs)`` on first use (see :class:`LazySequence`).
+
+    Example::
+
+        "val_ground_truth": "$monai_vce.utils.LazyMapping(monai_vce.workflows.galar_ground_truth, @dataset_dir)"
+    """
+
+    def __len__(self) -> int:
+        return len(self.value)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.value[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.value)
 
 
 def default_bundle_root() -> str:

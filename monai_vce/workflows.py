@@ -18,6 +18,8 @@ helper                                                    home
 ``ground_truth`` (``datalist_ground_truth``),             :mod:`monai_vce.report.evaluation`
 ``evaluation_report``
 ``FrameInferer``                                          :mod:`monai_vce.engines.inferer`
+``fit_temporal_stage``, ``refiner_fingerprint``,          :mod:`monai_vce.temporal.stage`
+``refiner_inputs``
 ========================================================  ==============================================
 """
 
@@ -32,6 +34,7 @@ from monai_vce.networks.backbone import check_backbone
 from monai_vce.postprocessing.decoder import load_decoder as decoder_params
 from monai_vce.report.evaluation import datalist_ground_truth as ground_truth
 from monai_vce.report.evaluation import evaluation_report
+from monai_vce.temporal.stage import fit_temporal_stage, refiner_fingerprint, refiner_inputs
 from monai_vce.utils import default_bundle_root
 
 __all__ = [
@@ -50,4 +53,7 @@ __all__ = [
     "ground_truth",
     "evaluation_report",
     "FrameInferer",
+    "fit_temporal_stage",
+    "refiner_fingerprint",
+    "refiner_inputs",
 ]

@@ -98,3 +98,18 @@ def trained_bundle(tmp_path_factory: Any, mini_galar: Path) -> dict[str, Path]:
         log.write_text(proc.stdout + proc.stderr)
         _CACHE[key] = {"out": out, "models": out / "models", "eval": out / "eval", "log": log}
     return _CACHE[key]
+
+
+def require_integration(module: str, extra: str) -> Any:
+    """Import an optional integration's ``module``; skip the test when it is missing, unless ``.ci/integration`` runs
+    the test in the environment it installed for ``extra`` (``MONAI_VCE_INTEGRATION=extra``): then a missing module
+    fails it."""
+    import importlib
+
+    import pytest
+
+    if os.environ.get("MONAI_VCE_INTEGRATION") == extra:
+        return importlib.import_module(module)
+    return pytest.importorskip(
+        module, reason=f"{module} is not installed (pip install 'monai-vce[{extra}]', in its own virtual environment)"
+    )

@@ -147,9 +147,14 @@ def test_verify_metadata_against_shipped_schema(tmp_path):
     fmt = meta["network_data_format"]
     assert fmt["inputs"]["image"]["num_channels"] == 3 and fmt["inputs"]["image"]["spatial_shape"] == [224, 224]
     assert fmt["inputs"]["image"]["value_range"] == [0, 1] and fmt["inputs"]["image"]["dtype"] == "float32"
+    assert "uint8" in meta["image_classes"]  # what preprocessing emits, before the inferer scales it
     from monai_vce.labels import LABELS
 
-    assert fmt["outputs"]["pred"]["type"] == "probabilities"
+    # the network returns logits; the sigmoid is the bundle's postprocessing
+    assert fmt["outputs"]["pred"]["type"] == "logits" and "sigmoid" in meta["pred_classes"]
+    assert (
+        meta["monai_vce_wheel"] == f"wheels/monai_vce-{meta['required_packages_version']['monai-vce']}-py3-none-any.whl"
+    )
     assert list(fmt["outputs"]["pred"]["channel_def"].values()) == list(LABELS)
     assert "monai-vce" in meta["required_packages_version"]
     # a metadata file without a mandatory key fails
@@ -159,6 +164,38 @@ def test_verify_metadata_against_shipped_schema(tmp_path):
     bad_file.write_text(json.dumps(bad))
     with pytest.raises(ValueError, match="channel_def"):
         verify_metadata(meta_file=str(bad_file), filepath=SCHEMA)
+
+
+def test_verify_metadata_against_monais_published_schema_when_available():
+    """MONAI's published schema (named by ``schema`` in metadata.json) is a download; verify against a local copy."""
+    import os
+
+    from monai.bundle import verify_metadata
+
+    name = json.loads(Path(METADATA).read_text())["schema"].rsplit("/", 1)[-1]
+    candidates = [Path(os.environ.get("MONAI_BUNDLE_SCHEMA", "")), Path(SCHEMA).parent / name]
+    found = next((p for p in candidates if p.name == name and p.is_file()), None)
+    if found is None:
+        pytest.skip(f"MONAI's published schema {name} is not on disk (set MONAI_BUNDLE_SCHEMA to a copy)")
+    verify_metadata(meta_file=METADATA, filepath=str(found))
+
+
+def test_demo_metadata_override_passes_verify_net_in_out():
+    """The documented command for the demo's 64 px network (its own metadata override)."""
+    demo_meta = str(CONFIGS / "demo_metadata.json")
+    proc = run_bundle(
+        [
+            "verify_net_in_out",
+            "network_def",
+            "--meta_file",
+            config_list(METADATA, demo_meta),
+            "--config_file",
+            config_list(INFERENCE, DEMO),
+        ]
+    )
+    assert "data shape of network is verified with no error" in proc.stdout + proc.stderr
+    proc = run_bundle(["verify_metadata", "--meta_file", config_list(METADATA, demo_meta), "--filepath", SCHEMA])
+    assert "metadata is verified with no error" in proc.stdout + proc.stderr
 
 
 def test_verify_metadata_command_line():

@@ -1,4 +1,5 @@
-"""Export of the trained bundle model: ``ckpt_export`` to TorchScript with ``inference.json`` embedded."""
+"""Export of the trained bundle model: ``ckpt_export`` to TorchScript (traced and scripted) with ``inference.json``
+embedded, as bundle/docs/README.md shows both commands."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import torch
 from bundle_helpers import DEMO, INFERENCE, METADATA, config_list, run_bundle, trained_bundle
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory, mini_galar):
+@pytest.fixture(scope="module", params=["trace", "script"])
+def exported(request, tmp_path_factory, mini_galar):
     run = trained_bundle(tmp_path_factory, mini_galar)
-    ts = run["out"] / "model.ts"
+    ts = run["out"] / f"model_{request.param}.ts"
+    trace = ["--use_trace", "True", "--input_shape", "[1, 3, 64, 64]"] if request.param == "trace" else []
     run_bundle(
         [
             "ckpt_export",
@@ -25,10 +27,7 @@ def exported(tmp_path_factory, mini_galar):
             METADATA,
             "--config_file",
             config_list(INFERENCE, DEMO),
-            "--use_trace",
-            "True",
-            "--input_shape",
-            "[1, 3, 64, 64]",
+            *trace,
         ]
     )
     return run, ts
@@ -46,6 +45,10 @@ def test_torchscript_matches_eager(exported):
         eager, traced = net(x), scripted(x)
     assert traced.shape == (3, 17) and traced.dtype == torch.float32
     torch.testing.assert_close(traced, eager, rtol=1e-5, atol=1e-5)
+    if "script" in ts.name:  # a trace records the float path only; the scripted network also takes uint8 frames
+        frames = (x * 255).round().to(torch.uint8)
+        with torch.no_grad():
+            torch.testing.assert_close(scripted(frames), net(frames.float() / 255), rtol=1e-5, atol=1e-5)
 
 
 def test_torchscript_embeds_metadata_and_inference_config(exported):

@@ -128,6 +128,11 @@ def test_evaluation_scores_the_validation_videos(tmp_path_factory, mini_galar):
 
     assert list(metrics["frame_AP"]) == list(LABELS)
     assert all(v is None or 0.0 <= v <= 1.0 for v in metrics["frame_AP"].values())
+    # held out by default, and said so; decoder.json's own (in-sample) score apart, labelled
+    assert metrics["protocol"].startswith("held out")
+    in_sample = json.loads((out / "in_sample" / "metrics.json").read_text())
+    assert in_sample["protocol"].startswith("in sample") and 0.0 <= in_sample["mAP@0.5"] <= 1.0
+    assert load_events(out / "in_sample" / "val_events.json")["videos"]
 
 
 def test_resume_never_reuses_probabilities_of_another_model(tmp_path):

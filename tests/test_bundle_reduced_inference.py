@@ -190,8 +190,7 @@ def test_two_processes(runs, mini_galar, tmp_path, reduced):
         assert log.count(f"reduced inference: inferred {4 * k} of 240 frames") == 1
 
 
-def test_reduction_keys_and_the_probability_transform_in_the_config(mini_galar, tmp_path):
-    """The reduction keys reach the reduced inference; one ``probs_transform`` reaches it and the event writer."""
+def _workflow(mini_galar, tmp_path, **overrides):
     from bundle_helpers import METADATA
     from monai.bundle import ConfigWorkflow
 
@@ -204,14 +203,42 @@ def test_reduction_keys_and_the_probability_transform_in_the_config(mini_galar, 
         ckpt_dir=str(tmp_path / "models"),
         output_dir=str(tmp_path / "out"),
         initialize=[],
-        probs_transform="$lambda probs: probs ** 2",
-        **{"reduction#stride": 8, "reduction#duplicate_tolerance": 2.5, "reduction#options": {"max_rounds": 3}},
+        **overrides,
     )
     wf.initialize()
+    return wf
+
+
+def test_reduction_keys_and_the_temporal_refiner_in_the_config(mini_galar, tmp_path):
+    """The reduction keys reach the reduced inference; the event writer's temporal refiner (of probabilities) is
+    what the refinement aims at, and its refined files record the reduction settings."""
+    wf = _workflow(
+        mini_galar,
+        tmp_path,
+        **{
+            "reduction#stride": 8,
+            "reduction#duplicate_tolerance": 2.5,
+            "reduction#options": {"max_rounds": 3},
+            "event_writer#refiner": "$monai_vce.temporal.TemporalRefiner()",
+            "event_writer#refined_dir": str(tmp_path / "refined"),
+            "event_writer#refiner_source": "refiner-a",
+        },
+    )
     writer = wf.parser.get_parsed_content("event_writer")
     reduced = wf.parser.get_parsed_content("reduced_inference")
     assert reduced.reduced and reduced.settings == {"stride": 8, "budget": None, "refine": True, "margin": 0.3}
     assert reduced.duplicate_tolerance == 2.5 and reduced.options == {"max_rounds": 3}
-    assert reduced.event_writer is writer and reduced.probs_transform is writer.probs_transform
-    assert float(writer.probs_transform(np.float32(0.5))) == 0.25
+    assert reduced.event_writer is writer and reduced.probs_transform == writer.refiner.refine
     assert len(reduced.predictor.data) == 240 and reduced.predictor.dataset is wf.parser.get_parsed_content("dataset")
+    # refined files of reduced probabilities are never taken for refined files of full inference (nor the reverse)
+    assert writer.source == reduced.stored_source != reduced.source
+    assert writer.refined_source.startswith(reduced.stored_source + " | ")
+    full = _workflow(mini_galar, tmp_path)
+    assert full.parser.get_parsed_content("event_writer").source == full.parser.get_parsed_content("probs_source")
+
+
+def test_reduced_inference_refuses_per_frame_features(mini_galar, tmp_path):
+    """Reduced inference infers some frames only: a run that asks for per-frame features is refused in one line."""
+    wf = _workflow(mini_galar, tmp_path, **{"reduction#stride": 4, "write_features": True})
+    with pytest.raises(ValueError, match=r"reduced inference \(reduced\(stride=4.*write_features"):
+        wf.parser.get_parsed_content("reduced_inference").run()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from bundle_helpers import DEMO, TRAIN, trained_bundle
+from bundle_helpers import DEMO, TRAIN, require_integration, trained_bundle
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_training_log_reports_validation_metrics(run):
 
 def test_tracking_flag_needs_mlflow(tmp_path, mini_galar):
     """``--tracking mlflow`` (MONAI's experiment tracking) works with the bundle where mlflow is installed."""
-    pytest.importorskip("mlflow")
+    require_integration("mlflow", "mlflow")
     from bundle_helpers import config_list, run_bundle, tiny_overrides
 
     out = tmp_path / "run"

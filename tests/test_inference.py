@@ -100,7 +100,8 @@ def test_every_frame_gets_probabilities_exact_where_inferred(kwargs):
     ids = np.arange(T) * 5 + 3
     events = EventDecoder(CLEAR_DECODER)(probs, ids)
     for e in events:
-        assert e["start"] in ids and e["end"] in ids and e["start"] <= e["end"]
+        # the gap rule: an event ends where the next frame begins (or at the video's last frame)
+        assert e["start"] in ids and (e["end"] + 1 in ids or e["end"] == ids[-1]) and e["start"] <= e["end"]
 
 
 def test_strided_rows_and_budget():

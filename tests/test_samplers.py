@@ -130,16 +130,17 @@ def test_epochs_determinism_and_state():
 
 
 def test_bad_datalists():
+    # the datalist is read on first use: the errors come with the first draw
     with pytest.raises(ValueError, match=r"item 1 .*video v1, frame 5.* no 'label'"):
-        SqrtFrequencySampler([{"label": [1.0, 0.0]}, {"video_id": "v1", "frame_index": 5}])
+        list(SqrtFrequencySampler([{"label": [1.0, 0.0]}, {"video_id": "v1", "frame_index": 5}]))
     with pytest.raises(ValueError, match="different lengths"):
-        SqrtFrequencySampler([{"label": [1.0, 0.0]}, {"label": [1.0]}])
+        list(SqrtFrequencySampler([{"label": [1.0, 0.0]}, {"label": [1.0]}]))
     with pytest.raises(ValueError, match="empty"):
-        SqrtFrequencySampler([])
+        list(SqrtFrequencySampler([]))
     with pytest.raises(ValueError, match="combine"):
         SqrtFrequencySampler([{"label": [1.0]}], combine="sum")
     with pytest.raises(ValueError, match="exceeds"):
-        SqrtFrequencySampler([{"label": [1.0]}], num_samples=3, replacement=False)
+        list(SqrtFrequencySampler([{"label": [1.0]}], num_samples=3, replacement=False))
 
 
 def test_distributed_variant_exact_per_rank_expectation():
@@ -171,3 +172,21 @@ def test_distributed_variant_exact_per_rank_expectation():
     exp = _expected_shares()
     assert eff["sampled"][3] == pytest.approx(exp[3], rel=1e-12)
     assert s.state_dict() == {"seed": 5, "epoch": 2}
+
+
+def test_sampler_reads_the_datalist_on_first_use_and_splits_an_epoch_among_processes():
+    from monai_vce.utils import LazySequence
+
+    data = _single_label_datalist()
+    lazy = LazySequence(list, data)
+    s = SqrtFrequencySampler(lazy, num_samples=400, seed=3)
+    assert not lazy.computed and len(s) == 400 and not lazy.computed
+    single = list(s)
+    assert lazy.computed and len(single) == 400
+    assert list(SqrtFrequencySampler(data, num_samples=400, seed=3, num_replicas=1, rank=0)) == single
+    # two processes: 200 draws each, from their own seeds
+    r0 = SqrtFrequencySampler(data, num_samples=400, seed=3, num_replicas=2, rank=0)
+    r1 = SqrtFrequencySampler(data, num_samples=400, seed=3, num_replicas=2, rank=1)
+    assert len(r0) == len(r1) == 200
+    a, b = list(r0), list(r1)
+    assert len(a) == len(b) == 200 and a != b

@@ -17,7 +17,15 @@ from .galar import (
     read_metadata,
     verify_frames,
 )
-from .splits import group_by_video, kfold_videos, split_videos, video_ids, video_label_presence, video_rows
+from .splits import (
+    group_by_video,
+    kfold_videos,
+    lazy_split_videos,
+    split_videos,
+    video_ids,
+    video_label_presence,
+    video_rows,
+)
 
 __all__ = [
     "GalarReport",
@@ -39,12 +47,14 @@ __all__ = [
     "group_by_video",
     "video_rows",
     "kfold_videos",
+    "lazy_split_videos",
     "split_videos",
     "video_ids",
     "video_label_presence",
     "generate_mini_galar",
     "ensure_mini_galar",
     "resample_timeline",
+    "DataLoader",
     "DistributedSqrtFrequencySampler",
     "SqrtFrequencySampler",
     "label_frequency_weights",
@@ -70,6 +80,7 @@ _LAZY = {
     "generate_mini_galar": "synthetic",
     "ensure_mini_galar": "synthetic",
     "resample_timeline": "synthetic",
+    "DataLoader": "loader",
     "DistributedSqrtFrequencySampler": "samplers",
     "SqrtFrequencySampler": "samplers",
     "label_frequency_weights": "samplers",

@@ -6,6 +6,24 @@ and resized *in the DataLoader worker*, in ``uint8``, and crosses the bus as ``u
 ``prepare_batch`` (:class:`VCEPrepareBatch`) or in the network; no CPU transform after the loader touches
 floats.
 
+**Frame dtype at each stage** (the one place this is stated; the rest of the package and the bundle refer here):
+
+====================================================  =====================================================
+stage                                                 frame
+====================================================  =====================================================
+decoding + resize (``preprocessing``, loader workers)  ``uint8`` (3, S, S), values 0-255
+host -> device                                        ``uint8`` batch (B, 3, S, S)
+``prepare_batch`` (:class:`VCEPrepareBatch`),         ``float32`` in [0, 1] (``/ 255`` on the device); float
+``inferer`` (``monai_vce.engines.FrameInferer``)      input passes unchanged
+network (``DiffAttnCLIPClassifier``)                   accepts both ``uint8`` (scaled inside) and float in
+                                                      [0, 1]; normalises with the CLIP mean/std itself
+bundle metadata (``network_data_format.inputs``)      ``uint8``, [0, 255]: what ``preprocessing`` emits and
+                                                      what MONAI Label / Deploy hand the network
+====================================================  =====================================================
+
+A replaced ``network_def`` receives ``float32`` in [0, 1] from the bundle's engines (``prepare_batch``); only
+applications that call the network on the ``preprocessing`` output themselves hand it ``uint8``.
+
 Decoding uses ``torchvision.io.decode_png`` and the resize :func:`resize_frame`
 (``torchvision.transforms.v2.functional.resize`` on the ``uint8`` tensor, bilinear, antialiased): the one resize of
 training (after the random crop, :class:`monai_vce.data.transforms.RandResizedCropd`), validation and inference, so

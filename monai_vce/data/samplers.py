@@ -101,7 +101,12 @@ class SqrtFrequencySampler(Sampler[int]):
     the sampler too. See the module docstring for the weights. Each epoch draws ``num_samples`` indices with
     a generator seeded from ``seed + epoch``: the draw is reproducible and changes from epoch to epoch.
     ``set_epoch`` sets the epoch (``monai_vce.engines.VCETrainer`` calls it when an epoch starts); without
-    it the epoch advances by one at each iteration over the sampler.
+    it the epoch advances by one at each iteration over the sampler. The datalist is read on first use (not when
+    the sampler is built), so a bundle config that builds it can be parsed without data.
+
+    Under a process group (DDP) each process draws ``num_samples // world_size`` indices from the same weights with
+    its own seed, so ``num_samples`` stays the epoch's size over all processes and the same sampler serves one or
+    many processes.
 
     Args:
         data: the datalist, a sequence of dicts with a ``label_key`` entry (C per-class values, positive >= 0.5).
@@ -112,6 +117,8 @@ class SqrtFrequencySampler(Sampler[int]):
         exponent: class weight ``f_c ** -exponent`` (0.5: inverse square root).
         combine: ``"max"`` or ``"mean"`` over a frame's positive labels.
         label_key: the key of the label vector in the datalist items.
+        num_replicas: number of processes; default: the process group's size when one is initialised, else 1.
+        rank: this process's rank; default: the process group's rank when one is initialised, else 0.
 
     Example::
 
@@ -128,21 +135,67 @@ class SqrtFrequencySampler(Sampler[int]):
         exponent: float = 0.5,
         combine: str = "max",
         label_key: str = "label",
+        num_replicas: int | None = None,
+        rank: int | None = None,
     ) -> None:
-        labels = _label_matrix(data, label_key)
-        w, freq, f_none = label_frequency_weights(labels, exponent=exponent, combine=combine)
-        self.labels = labels
-        self.weights = torch.as_tensor(w, dtype=torch.float64)
-        self.class_frequencies = freq
-        self.none_frequency = f_none
-        self.num_samples = len(data) if num_samples is None else int(num_samples)
-        if self.num_samples <= 0:
-            raise ValueError(f"num_samples must be positive, got {self.num_samples}")
-        if not replacement and self.num_samples > len(data):
-            raise ValueError(f"num_samples={self.num_samples} exceeds the {len(data)} frames without replacement")
+        if combine not in _COMBINE:
+            raise ValueError(f"combine must be one of {_COMBINE}, got {combine!r}")
+        if exponent < 0:
+            raise ValueError(f"exponent must be >= 0, got {exponent}")
+        self.data = data
+        self.exponent = float(exponent)
+        self.combine = combine
+        self.label_key = label_key
+        self._num_samples = None if num_samples is None else int(num_samples)
+        if self._num_samples is not None and self._num_samples <= 0:
+            raise ValueError(f"num_samples must be positive, got {self._num_samples}")
         self.replacement = bool(replacement)
+        self.num_replicas = num_replicas
+        self.rank = rank
         self.seed = int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else int(seed)
         self.epoch = 0
+        self._statistics: tuple[np.ndarray, torch.Tensor, np.ndarray, float] | None = None
+
+    def _stats(self) -> tuple[np.ndarray, torch.Tensor, np.ndarray, float]:
+        # computed on first use, so that building the sampler (parsing a bundle config) reads no data
+        if self._statistics is None:
+            labels = _label_matrix(self.data, self.label_key)
+            w, freq, f_none = label_frequency_weights(labels, exponent=self.exponent, combine=self.combine)
+            self._statistics = (labels, torch.as_tensor(w, dtype=torch.float64), freq, f_none)
+        return self._statistics
+
+    @property
+    def labels(self) -> np.ndarray:
+        """(N, C) bool label matrix of the datalist."""
+        return self._stats()[0]
+
+    @property
+    def weights(self) -> torch.Tensor:
+        """(N,) float64 sampling weight of each frame."""
+        return self._stats()[1]
+
+    @property
+    def class_frequencies(self) -> np.ndarray:
+        """(C,) fraction of frames positive for each class."""
+        return self._stats()[2]
+
+    @property
+    def none_frequency(self) -> float:
+        """Fraction of frames without any positive label."""
+        return self._stats()[3]
+
+    @property
+    def num_samples(self) -> int:
+        """Indices drawn per epoch over all processes (``len(data)`` when not given)."""
+        return len(self.data) if self._num_samples is None else self._num_samples
+
+    def _replicas(self) -> tuple[int, int]:
+        """(number of processes, this process's rank): the arguments, else the process group's, else (1, 0)."""
+        dist = torch.distributed
+        initialized = dist.is_available() and dist.is_initialized()
+        world = self.num_replicas if self.num_replicas is not None else (dist.get_world_size() if initialized else 1)
+        rank = self.rank if self.rank is not None else (dist.get_rank() if initialized else 0)
+        return int(world), int(rank)
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch whose draw the next iteration produces."""
@@ -168,13 +221,20 @@ class SqrtFrequencySampler(Sampler[int]):
         return _effective_frequencies(self.weights.numpy(), self.labels)
 
     def __iter__(self) -> Iterator[int]:
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        _world, rank = self._replicas()
+        num = len(self)
+        if not self.replacement and num > len(self.data):
+            raise ValueError(f"num_samples={num} exceeds the {len(self.data)} frames without replacement")
+        # rank 0 draws exactly what a single process draws; the other ranks draw from their own seeds
+        g = torch.Generator().manual_seed(self.seed + self.epoch + 1_000_003 * rank)
         self.epoch += 1
-        idx = torch.multinomial(self.weights, self.num_samples, self.replacement, generator=g)
+        idx = torch.multinomial(self.weights, num, self.replacement, generator=g)
         return iter(idx.tolist())
 
     def __len__(self) -> int:
-        return self.num_samples
+        """Indices this process draws per epoch: ``num_samples`` divided among the processes."""
+        world, _ = self._replicas()
+        return max(1, self.num_samples // world)
 
 
 def _effective_frequencies(weights: np.ndarray, labels: np.ndarray) -> dict[str, Any]:

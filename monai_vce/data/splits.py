@@ -21,13 +21,14 @@ datalist), so a split is reproducible.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from monai_vce.labels import NUM_LABELS
-from monai_vce.utils import natural_key
+from monai_vce.utils import LazySequence, natural_key
 
 __all__ = [
     "group_by_video",
@@ -38,6 +39,7 @@ __all__ = [
     "repair_video_groups",
     "split_videos",
     "kfold_videos",
+    "lazy_split_videos",
 ]
 
 
@@ -255,6 +257,21 @@ def split_videos(
     group = repair_video_groups(presence, group, seed=seed)
     val_ids = {ids[i] for i in np.flatnonzero(group == 1)}
     return _subset(datalist, set(ids) - val_ids), _subset(datalist, val_ids)
+
+
+def lazy_split_videos(datalist: Sequence[dict], **kwargs: Any) -> tuple[LazySequence, LazySequence]:
+    """:func:`split_videos` computed on first use of either side (the bundle's ``split``), so that parsing a config
+    reads no data.
+
+    Args:
+        datalist: frame dicts (a :class:`~monai_vce.utils.LazySequence` stays unread until a side is used).
+        kwargs: :func:`split_videos`'s arguments.
+
+    Returns:
+        ``(train, val)``, two :class:`~monai_vce.utils.LazySequence` sharing one split.
+    """
+    both = LazySequence(split_videos, datalist, **kwargs)
+    return LazySequence(operator.getitem, both, 0), LazySequence(operator.getitem, both, 1)
 
 
 def kfold_videos(

@@ -60,8 +60,27 @@ class VideoFrameDataset(Dataset):
         super().__init__(data=data, transform=transform)
         self.image_key = image_key
         self.cache = FrameCache(cache_dir, image_size=image_size)
-        self.videos = ensure_video_entries(self.cache, data, image_key, num_workers=num_workers, progress=progress)
+        self.num_workers = num_workers
+        self.progress = progress
+        self._videos: dict[str, str] | None = None
         self._maps: dict[str, np.ndarray] = {}
+
+    @property
+    def videos(self) -> dict[str, str]:
+        """``{video_id: video file}`` of the video files in the datalist, their cache entries built on first use.
+
+        First use is ``len(dataset)`` (every loader and engine asks it before the loader's workers start), so building
+        the dataset (parsing a bundle config) reads no data, and the entries are built once, in the main process.
+        """
+        if self._videos is None:
+            self._videos = ensure_video_entries(
+                self.cache, self.data, self.image_key, num_workers=self.num_workers, progress=self.progress
+            )
+        return self._videos
+
+    def __len__(self) -> int:
+        self.videos  # noqa: B018  (builds the cache entries before any worker starts)
+        return super().__len__()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -268,7 +268,10 @@ def _sources(source: str | Collection[str] | None) -> frozenset[str] | None:
 
 
 def completed_videos(
-    datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike, source: str | Collection[str] | None = None
+    datalist: Sequence[Mapping[str, Any]],
+    probs_dir: PathLike,
+    source: str | Collection[str] | None = None,
+    features: bool = False,
 ) -> list[str]:
     """Videos of ``datalist`` whose probability file in ``probs_dir`` is complete.
 
@@ -277,6 +280,8 @@ def completed_videos(
     when ``source`` is given, was written from that source (:func:`model_fingerprint`: a retrained model
     recomputes everything) or, when ``source`` is a collection, from one of them (a reduced inference reuses
     the files of a full inference of the same model, see :func:`monai_vce.inference.reduced_source`).
+    With ``features``, a file must also hold the per-frame ``features`` (a file of a run without them is
+    recomputed).
     """
     accepted = _sources(source)
     counts: dict[str, int] = {}
@@ -286,9 +291,18 @@ def completed_videos(
     out = []
     for vid, n in counts.items():
         record = npz_record(probability_file(probs_dir, vid))
-        if record is not None and record[0] == n and (accepted is None or record[1] in accepted):
+        complete = record is not None and record[0] == n and (accepted is None or record[1] in accepted)
+        if complete and (not features or _has_features(probability_file(probs_dir, vid))):
             out.append(vid)
     return out
+
+
+def _has_features(path: PathLike) -> bool:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return "features" in z.files
+    except Exception:  # a file unreadable now is not complete
+        return False
 
 
 def pending_frames(
@@ -296,6 +310,7 @@ def pending_frames(
     probs_dir: PathLike,
     resume: bool = True,
     source: str | Collection[str] | None = None,
+    features: bool = False,
 ) -> list[Mapping[str, Any]]:
     """The frames of ``datalist`` still to infer: those of videos without a complete probability file.
 
@@ -308,10 +323,11 @@ def pending_frames(
         resume: ``False`` returns the whole datalist (recompute everything).
         source: what the probability files must have been written from, or a collection of the sources
             accepted (see :func:`completed_videos`).
+        features: the files must also hold per-frame features (see :func:`completed_videos`).
     """
     if not resume:
         return list(datalist)
-    done = set(completed_videos(datalist, probs_dir, source=source))
+    done = set(completed_videos(datalist, probs_dir, source=source, features=features))
     if done:
         logger.info(f"skipping {len(done)} video(s) already inferred in {probs_dir}: {', '.join(sorted(done))}")
     return [d for d in datalist if str(d["video_id"]) not in done]

@@ -1,5 +1,5 @@
 """Ignite handlers and metrics of the bundle: the per-video collector of validation and inference outputs, the
-temporal mAP metric, event writing, F1 thresholds, decoder tuning, checkpoints, EMA, progress."""
+temporal mAP metric, event writing, per-frame features, F1 thresholds, decoder tuning, checkpoints, EMA, progress."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from .checkpoint import AtomicCheckpointSaver, AtomicDiskSaver, BestMetricState,
 from .decoder_tuning import DecoderTuningHandler
 from .ema import EMAWeights
 from .event_writer import TemporalEventWriter, load_video_probs
+from .features import FrameFeatureCapture
 from .frame_metrics import MultiLabelAveragePrecision
 from .progress import FrameProgressHandler
 from .temporal_map_metric import HeldOutDecoder, TemporalMAPMetric, threshold_decoder
@@ -21,6 +22,7 @@ __all__ = [
     "DecoderTuningHandler",
     "EMAWeights",
     "TemporalEventWriter",
+    "FrameFeatureCapture",
     "VideoFrameCollector",
     "load_video_probs",
     "MultiLabelAveragePrecision",

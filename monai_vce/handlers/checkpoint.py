@@ -17,7 +17,10 @@ memory into the training checkpoint, so that a resumed run only replaces ``model
 
 from __future__ import annotations
 
+import contextlib
 import io
+import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +42,24 @@ else:
 
 __all__ = ["AtomicDiskSaver", "AtomicCheckpointSaver", "VCECheckpointLoader", "BestMetricState"]
 
+logger = logging.getLogger(__name__)
+
+
+def _missing_folders(folder: str | Path) -> list[Path]:
+    """The folders of ``folder``'s path that do not exist yet, deepest first."""
+    path, missing = Path(folder).absolute(), []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the given folders, deepest first, where they are (still) empty."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+
 
 class AtomicDiskSaver(DiskSaver):
     """ignite save handler writing each checkpoint atomically and durably, on rank 0 only.
@@ -49,7 +70,9 @@ class AtomicDiskSaver(DiskSaver):
     """
 
     def __init__(self, dirname: str | Path, filename: str | None = None) -> None:
+        missing = _missing_folders(dirname)
         super().__init__(dirname=dirname, atomic=True, create_dir=True, require_empty=False)
+        _remove_empty(missing)  # created by the first save instead (see AtomicCheckpointSaver)
         self.filename = filename
 
     def __call__(self, checkpoint: Mapping, filename: str, metadata: Mapping | None = None) -> None:
@@ -103,7 +126,11 @@ class AtomicCheckpointSaver(CheckpointSaver):
     def __init__(self, save_dir: str, save_dict: dict, interval_filename: str | None = None, **kwargs: Any) -> None:
         if interval_filename is not None:
             kwargs["n_saved"] = 1
+        missing = _missing_folders(save_dir)
         super().__init__(save_dir=save_dir, save_dict=_stateful(save_dict), **kwargs)
+        # MONAI's saver creates the folder when it is built; building a workflow (parsing a config) writes nothing,
+        # so the folder waits for the first save (atomic_write_bytes creates it)
+        _remove_empty(missing)
         fixed = (
             (self._final_checkpoint, kwargs.get("final_filename")),
             (self._key_metric_checkpoint, kwargs.get("key_metric_filename")),

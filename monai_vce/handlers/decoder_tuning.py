@@ -52,6 +52,8 @@ else:
 
 __all__ = ["DecoderTuningHandler"]
 
+logger = logging.getLogger(__name__)
+
 _WRITE_ON = ("best", "always")
 
 

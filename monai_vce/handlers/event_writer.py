@@ -3,8 +3,11 @@
 :class:`TemporalEventWriter` (modelled on MONAI's ``ClassificationSaver``) writes ``<output_dir>/<video_id>.npz``
 (the format of :mod:`monai_vce.events.probabilities`) atomically as soon as a video is complete
 (:class:`~monai_vce.handlers.VideoFrameCollector` hands it over), then decodes the videos into events with :class:`monai_vce.postprocessing.EventDecoder` and writes
-the challenge event JSON atomically. File writers belong in handlers, never in post-processing transforms, so
-that MONAI Label or MONAI Deploy, which run a bundle's ``postprocessing``, write nothing.
+the challenge event JSON atomically. With ``features``, each file also holds the frame model's per-frame features
+(:class:`~monai_vce.handlers.FrameFeatureCapture`); with a temporal ``refiner``, the videos are refined into
+``refined_dir`` (same format) and the refined probabilities are decoded. File writers belong in handlers, never in
+post-processing transforms, so that MONAI Label or MONAI Deploy, which run a bundle's ``postprocessing``, write
+nothing.
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.events.validation import save_events
 from monai_vce.postprocessing.decoder import DecoderParams, EventDecoder
 from monai_vce.report.summary import write_report
+from monai_vce.temporal.files import refine_folder
 from monai_vce.utils import renamed_arguments
 
+from .features import DEFAULT_FEATURE_MODULE, FrameFeatureCapture
 from .video_collector import VideoFrameCollector
 
 Events, _ = optional_import("ignite.engine", IgniteInfo.OPT_IMPORT_VERSION, min_version, "Events")
@@ -49,6 +54,8 @@ __all__ = [
     "load_video_probs",
     "npz_frame_count",
 ]
+
+logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
 
@@ -82,12 +89,26 @@ class TemporalEventWriter:
             the frame probabilities behind the predicted events, and a summary; see
             :func:`monai_vce.report.write_report`); ``None`` draws nothing. Drawing needs matplotlib
             (``pip install monai-vce[report]``); without it a one-line warning is logged and nothing is drawn.
-        source: what the probabilities come from, stored in each file (see
-            :func:`monai_vce.events.model_fingerprint`).
-        probs_transform: a callable ``(T, 17) probabilities -> (T, 17) probabilities`` applied to each video's
-            probabilities before decoding, e.g. a temporal refiner's ``refine``; the files keep the frame model's
-            probabilities. ``None`` decodes them as they are.
+        source: what produced the probabilities (e.g. :func:`monai_vce.events.model_fingerprint` of the model
+            file), recorded in every file so that a resumed run never reuses another model's files.
+        features: also write each frame's pooled image feature (``features``, float16 ``(T, D)``) into the
+            files, captured from the same forward pass (:class:`~monai_vce.handlers.FrameFeatureCapture`).
+        feature_module: the network's submodule whose input is that feature (see
+            :class:`~monai_vce.handlers.FrameFeatureCapture`).
+        refiner: a temporal refiner (:class:`monai_vce.temporal.TemporalRefiner`) applied to every video before
+            decoding; ``None`` decodes the frame model's probabilities. Its inputs must be available: a refiner
+            of features needs ``features=True`` and features of its width.
+        refined_dir: folder of the refined ``<video_id>.npz`` files (needed with ``refiner``; not ``output_dir``).
+            The events, the report and a resumed run use these files.
+        refiner_source: identifies the refiner (e.g. :func:`monai_vce.temporal.refiner_fingerprint` of its file);
+            a refined file records ``"<source> | <refiner_source>"``, and a rerun reuses a refined file only
+            when both the frame model and the refiner are the same, so refined and unrefined probabilities, or
+            those of two refiners, are never decoded together.
         name: logger name (``None``: the engine's logger).
+
+    Raises:
+        ValueError: a refiner whose inputs the run does not provide (features needed but not written), or a
+            refiner without ``refined_dir`` (one line naming the refiner).
 
     Example (bundle JSON)::
 
@@ -108,26 +129,92 @@ class TemporalEventWriter:
         batch_transform: Callable[[Any], Any] | None = None,
         report_dir: PathLike | None = None,
         source: str = "",
-        probs_transform: Callable[[Any], Any] | None = None,
+        features: bool = False,
+        feature_module: str = DEFAULT_FEATURE_MODULE,
+        refiner: Any = None,
+        refined_dir: PathLike | None = None,
+        refiner_source: str = "",
         name: str | None = None,
     ) -> None:
         self.output_dir = Path(output_dir)
         self.events_file = None if events_file is None else self._resolve(events_file)
         self.decoder = decoder
         self.frame_units = None if frame_units is None else as_frame_units(frame_units)
-        self.videos = None if videos is None else [str(v) for v in videos]
+        # kept as given (a lazy sequence stays unread until the events are written)
+        self.videos = videos
         self.report_dir = None if report_dir is None else Path(report_dir)
         self.source = str(source)
-        self.probs_transform = probs_transform
         self.logger = logging.getLogger(name)
         self._name = name
+        self.refiner = refiner
+        self.refiner_source = str(refiner_source)
+        self.refined_dir = None if refined_dir is None else Path(refined_dir)
+        refiner_dim = self._check_refiner(bool(features))
+        self.feature_capture = FrameFeatureCapture(feature_module, feature_dim=refiner_dim) if features else None
         self.collector = VideoFrameCollector(
             self._save_video,
             pred_key=pred_key,
             output_transform=output_transform,
             batch_transform=batch_transform,
+            features_key=None if self.feature_capture is None else self.feature_capture.output_key,
         )
         self.written: list[str] = []
+
+    def _check_refiner(self, features: bool) -> int | None:
+        """Refuse a refiner whose inputs the run does not give; returns the feature width it needs (or ``None``)."""
+        if self.refiner is None:
+            return None
+        name = f"temporal refiner {self.refiner_source}" if self.refiner_source else "the temporal refiner"
+        inputs = getattr(self.refiner, "inputs", "probs")
+        if self.refined_dir is None:
+            raise ValueError(f"{name} needs refined_dir, the folder of the refined probability files")
+        if self.refined_dir.resolve() == self.output_dir.resolve():
+            raise ValueError(
+                f"refined_dir {self.refined_dir} is the folder of the frame model's probability files; choose another"
+            )
+        if inputs == "probs":
+            return None
+        if not features:
+            raise ValueError(
+                f"{name} takes inputs={inputs!r} (per-frame features), but this run writes no features: set "
+                "write_features true, or use a refiner fitted on probabilities"
+            )
+        return int(getattr(self.refiner, "feature_dim", 0)) or None
+
+    @property
+    def decode_dir(self) -> Path:
+        """The folder whose files are decoded: ``refined_dir`` with a refiner, else ``output_dir``."""
+        return self.refined_dir if self.refiner is not None and self.refined_dir is not None else self.output_dir
+
+    @property
+    def refined_source(self) -> str:
+        """The ``source`` recorded in the refined files: the frame model's and the refiner's."""
+        return f"{self.source} | {self.refiner_source}"
+
+    def refine(self) -> list[str]:
+        """Refine every video of the run into ``refined_dir`` (rank 0), keeping refined files of the same frame
+        model and refiner; returns the ids of the videos refined now. Nothing to do without a refiner."""
+        if self.refiner is None or self.refined_dir is None or idist.get_rank() != 0:
+            return []
+        ids = self.video_ids()
+        if not ids:
+            return []
+        result = refine_folder(
+            self.refiner,
+            self.output_dir,
+            self.refined_dir,
+            source=self.refined_source,
+            videos=ids,
+            log=self.logger.info,
+        )
+        if result["kept"]:
+            self.logger.info(f"kept {len(result['kept'])} video(s) already refined by the same refiner")
+        if result["trained_videos"]:
+            self.logger.warning(
+                f"{len(result['trained_videos'])} video(s) were among the refiner's training videos "
+                f"(e.g. {result['trained_videos'][0]!r}): their refined probabilities are over-confident"
+            )
+        return list(result["written"])
 
     def _resolve(self, path: PathLike) -> Path:
         path = Path(path)
@@ -138,23 +225,16 @@ class TemporalEventWriter:
         self.written.append(video.video_id)
         self.logger.info(f"saved probabilities of video {video.video_id} ({len(video)} frames): {path}")
 
-    def _transform(self, video: VideoArrays) -> Any:
-        if self.probs_transform is None:
-            return video.probs
-        probs = self.probs_transform(video.probs)
-        if getattr(probs, "shape", None) != video.probs.shape:
-            raise ValueError(
-                f"video {video.video_id}: probs_transform returned shape {getattr(probs, 'shape', type(probs))} for "
-                f"probabilities of shape {video.probs.shape}"
-            )
-        return probs
-
     def _get_decoder(self) -> Any:
         if isinstance(self.decoder, EventDecoder):
             return self.decoder
         if callable(self.decoder) and not isinstance(self.decoder, (str, os.PathLike, Mapping)):
             return self.decoder
         return EventDecoder(self.decoder)
+
+    def events_frame_units(self) -> FrameUnits:
+        """The frame units the events of this writer are written in (for consumers such as the review site)."""
+        return self._units(self._get_decoder())
 
     def _units(self, decoder: Any) -> FrameUnits:
         """The frame units of the events: the writer's, checked against the decoder parameters' own."""
@@ -174,15 +254,16 @@ class TemporalEventWriter:
     def video_ids(self) -> list[str]:
         """The videos the JSON lists: ``videos`` or every ``.npz`` file of ``output_dir`` in natural order."""
         if self.videos is not None:
-            return list(self.videos)
+            return [str(v) for v in self.videos]
         return list(probability_files(self.output_dir))
 
     def write_events(self) -> Path | None:
         """Decode every video's ``.npz`` and write the event JSON atomically (rank 0 only), then the report.
 
         Reads one video at a time, so memory is bounded by the longest video. Can be called on its own (e.g.
-        when every video was already complete and the engine had nothing to run). With ``report_dir``, the
-        timelines of the videos are drawn after the JSON is written.
+        when every video was already complete and the engine had nothing to run). With a ``refiner``, the videos
+        are refined first (:meth:`refine`) and the refined files decoded. With ``report_dir``, the timelines of the
+        videos are drawn after the JSON is written.
 
         Returns:
             The JSON path, or ``None`` on other ranks or when ``events_file`` is ``None``.
@@ -201,10 +282,10 @@ class TemporalEventWriter:
                 f"no probability file for video(s) {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''} "
                 f"in {self.output_dir}: run inference on them first"
             )
+        self.refine()
         for vid in self.video_ids():
-            video = load_video_probs(probability_file(self.output_dir, vid))
-            probs = self._transform(video) if len(video) else video.probs
-            events = decoder(probs, video.frame_ids(units), video_id=vid) if len(video) else []
+            video = load_video_probs(probability_file(self.decode_dir, vid))
+            events = decoder(video.probs, video.frame_ids(units), video_id=vid) if len(video) else []
             out["videos"].append({"video_id": vid, "events": list(events)})
         path = save_events(self.events_file, out)
         n_events = sum(len(v["events"]) for v in out["videos"])
@@ -224,15 +305,15 @@ class TemporalEventWriter:
         names = {v["video_id"] for v in events["videos"]}
         # probability files of other videos (an earlier run on more videos) would be refused: draw the events
         # alone then
-        strays = [p.name for vid, p in probability_files(self.output_dir).items() if vid not in names]
+        strays = [p.name for vid, p in probability_files(self.decode_dir).items() if vid not in names]
         if strays:
             self.logger.warning(
-                f"{self.output_dir} holds probability files of videos not in this run ({', '.join(strays[:3])}"
+                f"{self.decode_dir} holds probability files of videos not in this run ({', '.join(strays[:3])}"
                 f"{' ...' if len(strays) > 3 else ''}): the report draws the events without probabilities"
             )
         try:
             write_report(
-                events, self.report_dir, probs_dir=None if strays else self.output_dir, frame_units=frame_units
+                events, self.report_dir, probs_dir=None if strays else self.decode_dir, frame_units=frame_units
             )
         except ImportError as e:  # matplotlib is an optional extra
             self.logger.warning(f"report not drawn ({e}); install monai-vce[report] for timelines")
@@ -247,6 +328,8 @@ class TemporalEventWriter:
         """Attach to an evaluator: collect every iteration, write the videos and, when the run completes, the JSON."""
         if self._name is None:
             self.logger = engine.logger
+        if self.feature_capture is not None:
+            self.feature_capture.attach(engine)
         self.collector.attach(engine)
         if not engine.has_event_handler(self._completed, Events.COMPLETED):
             engine.add_event_handler(Events.COMPLETED, self._completed)

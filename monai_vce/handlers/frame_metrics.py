@@ -8,6 +8,7 @@ classes that have positives and keeps the per-class values, keyed by label name,
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,8 @@ from monai_vce.metrics.frame_average_precision import multilabel_average_precisi
 from .video_collector import VideoFrameCollector, all_gather_rows, to_numpy
 
 __all__ = ["multilabel_average_precision", "MultiLabelAveragePrecision"]
+
+logger = logging.getLogger(__name__)
 
 
 class MultiLabelAveragePrecision(Metric):

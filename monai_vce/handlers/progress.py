@@ -18,6 +18,8 @@ else:
 
 __all__ = ["FrameProgressHandler"]
 
+logger = logging.getLogger(__name__)
+
 
 class FrameProgressHandler:
     """Shows frames done / total, frames/s, videos started / total and the current video while an engine runs.

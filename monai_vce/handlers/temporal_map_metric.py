@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -13,15 +16,17 @@ from ignite.exceptions import NotComputableError
 from ignite.metrics import Metric
 from monai.handlers.utils import from_engine
 
-from monai_vce.events import event_json, frames_to_events
+from monai_vce.events import event_json, frames_to_events, save_events
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.metrics.temporal_map import temporal_map, tiou_key
 from monai_vce.postprocessing.tuning import cross_fitted_events
-from monai_vce.utils import renamed_arguments
+from monai_vce.utils import natural_key, renamed_arguments
 
 from .video_collector import DecodingInput, VideoFrameCollector, _ids, to_numpy
 
 __all__ = ["TemporalMAPMetric", "HeldOutDecoder", "threshold_decoder"]
+
+logger = logging.getLogger(__name__)
 
 Decoder = Callable[[np.ndarray, np.ndarray], list]
 
@@ -154,6 +159,11 @@ class TemporalMAPMetric(Metric):
         self.batch_transform = batch_transform if batch_transform is not None else from_engine([video_key, units.value])
         self.save_details = save_details
         self.result: dict[str, Any] | None = None
+        #: the events the last :meth:`compute` scored, ``{video_id: events}`` (see :meth:`save_events`)
+        self.events: dict[str, list[dict[str, Any]]] | None = None
+        #: how the last :meth:`compute` decoded the videos: held out (cross-fitted, or the untuned default decoder when
+        #: too few videos), or with the given decoder
+        self.protocol: str | None = None
         self._owns_collector = collector is None
         self.collector = (
             collector
@@ -198,18 +208,42 @@ class TemporalMAPMetric(Metric):
             pred = self._held_out(inputs)
         else:
             pred = {vid: list(self.decoder(p, ids)) for vid, (p, ids, _) in inputs.items()}
+            self.protocol = (
+                f"decoded with the given decoder ({getattr(self.decoder, 'source', type(self.decoder).__name__)})"
+            )
         self.result = temporal_map(event_json(gt), event_json(pred), tiou_thresholds=self.tiou_thresholds)
+        self.events = pred
         return float(self.result[f"mAP@{tiou_key(self.tiou_threshold)}"])
+
+    def save_events(self, path: str | os.PathLike) -> Path:
+        """Write the events the last :meth:`compute` scored as an event JSON (e.g. the held-out events of an
+        evaluation, whose score is this metric's value).
+
+        Raises:
+            RuntimeError: nothing was computed yet.
+        """
+        if self.events is None:
+            raise RuntimeError(f"{type(self).__name__}.save_events: no events yet (the metric was not computed)")
+        return save_events(path, event_json({vid: self.events[vid] for vid in sorted(self.events, key=natural_key)}))
 
     def _held_out(self, inputs: Mapping[str, DecodingInput]) -> dict[str, list]:
         events = self.decoder.held_out_events(inputs)
+        folds = getattr(self.decoder, "folds", self.folds)
         if events is None:
             warnings.warn(
                 f"{type(self).__name__}: {len(inputs)} validation video(s) cannot be cross-fitted in "
                 f"{getattr(self.decoder, 'folds', self.folds)} folds; scoring with the default threshold decoder",
                 stacklevel=2,
             )
+            self.protocol = (
+                f"held out: {len(inputs)} video(s), too few to cross-fit in {folds} folds, decoded by the untuned "
+                "default threshold decoder (0.5); nothing was fitted on them"
+            )
             return {vid: list(threshold_decoder(p, ids)) for vid, (p, ids, _) in inputs.items()}
+        self.protocol = (
+            f"held out: each video decoded by a decoder tuned on the other folds of {folds} folds of the scored videos "
+            "(cross-fitting); no parameter was fitted on the video it decodes"
+        )
         return {vid: list(events[vid]) for vid in inputs}
 
     def completed(self, engine: Engine, name: str) -> None:

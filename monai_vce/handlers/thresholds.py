@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,6 +19,8 @@ from monai_vce.postprocessing.thresholds import optimize_thresholds, save_thresh
 from .video_collector import VideoFrameCollector, all_gather_rows
 
 __all__ = ["ThresholdOptimizationHandler"]
+
+logger = logging.getLogger(__name__)
 
 _WRITE_ON = ("always", "best")
 #: former values of ``activation`` and the ``sigmoid`` they mean
@@ -66,6 +69,7 @@ class ThresholdOptimizationHandler:
             under this name.
         collector: the validation's shared collector; ``None`` collects the frames here.
         activation: former name of ``sigmoid`` (``None`` or ``"sigmoid"``); deprecated.
+        name: logger name (``None``: the engine's logger).
     """
 
     def __init__(
@@ -81,6 +85,7 @@ class ThresholdOptimizationHandler:
         metric_name: str | None = None,
         collector: VideoFrameCollector | None = None,
         activation: str | None = None,
+        name: str | None = None,
     ) -> None:
         if activation is not None:
             if activation not in _ACTIVATION:
@@ -111,8 +116,12 @@ class ThresholdOptimizationHandler:
         self._probs: list[torch.Tensor] = []
         self._targets: list[torch.Tensor] = []
         self._result: tuple[Any, np.ndarray, np.ndarray] | None = None  # (generation, thresholds, f1)
+        self.logger = logging.getLogger(name)
+        self._name = name
 
     def attach(self, engine: Engine) -> None:
+        if self._name is None:
+            self.logger = engine.logger
         engine.add_event_handler(Events.EPOCH_STARTED, self.reset)
         if self.collector is None:
             engine.add_event_handler(Events.ITERATION_COMPLETED, self.collect)
@@ -184,4 +193,5 @@ class ThresholdOptimizationHandler:
         best = getattr(engine.state, "best_metric_epoch", None) == engine.state.epoch
         if self.output_path is not None and idist.get_rank() == 0 and (self.write_on == "always" or best):
             save_thresholds(self.output_path, thresholds)
+            self.logger.info(f"per-label F1-optimal thresholds saved: {self.output_path}")
         self._probs, self._targets = [], []

@@ -23,6 +23,7 @@ the epoch, and the shares are gathered with :func:`all_gather_rows` (MONAI's ``e
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -46,8 +47,12 @@ else:
 
 __all__ = ["VideoFrameCollector", "all_gather_rows", "all_gather_strings", "to_numpy"]
 
+logger = logging.getLogger(__name__)
+
 #: ``(probs (T, 17), frame ids (T,), ground-truth events)`` of one video, the input of the decoder's tuning.
 DecodingInput = tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]
+# (probs, frame_index, frame_number, targets or None, features or None) of some frames of one video
+_Chunk = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]
 
 
 def to_numpy(value: Any, dtype: Any) -> np.ndarray:
@@ -117,11 +122,16 @@ class VideoFrameCollector:
             video order, as the inference and validation loaders deliver them). Disabled automatically in
             distributed runs; default: on in hand-over mode.
         sigmoid: apply a sigmoid to the collected values (when the output holds logits).
+        features_key: key of ``(B, D)`` per-frame features in the engine output (put there by
+            :class:`~monai_vce.handlers.FrameFeatureCapture`), collected as float16 into each video's ``features``;
+            ``None`` collects none.
         frame_units: the frame ids of :meth:`decoding_inputs` (``"frame_index"`` or ``"frame_number"``).
         ground_truth: the ground truth of the collected videos, an event JSON object in ``frame_units``, e.g.
             :func:`monai_vce.data.build_ground_truth` of the labels CSVs (what the challenge scores). ``None``
             builds each video's ground truth from the collected targets with the same rule
-            (:func:`monai_vce.events.ground_truth_events`).
+            (:func:`monai_vce.events.ground_truth_events`). Read on first use (a
+            :class:`~monai_vce.utils.LazyMapping` stays unread until the first validation).
+        name: logger name (``None``: the engine's logger).
     """
 
     def __init__(
@@ -138,8 +148,13 @@ class VideoFrameCollector:
         sigmoid: bool = False,
         frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
         ground_truth: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        features_key: str | None = None,
     ) -> None:
+        self.logger = logging.getLogger(name)
+        self._name = name
         self.on_video = on_video
+        self.features_key = features_key
         self.pred_key = pred_key
         self.label_key = label_key
         self.video_key = video_key
@@ -151,15 +166,24 @@ class VideoFrameCollector:
         self.streaming = on_video is not None and (streaming is None or bool(streaming))
         self.sigmoid = bool(sigmoid)
         self.frame_units = as_frame_units(frame_units)
-        self.ground_truth = _events_by_video(ground_truth) if ground_truth is not None else None
+        # read on first use, so that a bundle config naming the labels CSVs can be parsed without the data
+        self._ground_truth_source = ground_truth
+        self._ground_truth_events: dict[str, list[dict[str, Any]]] | None = None
         #: incremented at every reset: consumers cache what they computed from one epoch's videos by it
         self.generation = 0
         self.reset()
 
+    @property
+    def ground_truth(self) -> dict[str, list[dict[str, Any]]] | None:
+        """The ground-truth events of each video (``None``: built from the targets), read on first use."""
+        if self._ground_truth_events is None and self._ground_truth_source is not None:
+            self._ground_truth_events = _events_by_video(self._ground_truth_source)
+        return self._ground_truth_events
+
     def reset(self) -> None:
         """Forget every collected frame (at the start of every epoch)."""
-        # video id -> list of (probs, index, number, targets) chunks, in arrival order of the videos
-        self._chunks: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]]] = {}
+        # video id -> list of (probs, index, number, targets, features) chunks, in arrival order of the videos
+        self._chunks: dict[str, list[_Chunk]] = {}
         self._videos: dict[str, VideoArrays] | None = None
         self._inputs: dict[FrameUnits, dict[str, DecodingInput]] = {}
         self.completed: list[str] = []
@@ -176,7 +200,9 @@ class VideoFrameCollector:
             return [c[key] for c in container]
         return None
 
-    def _read(self, engine: Engine) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    def _read(
+        self, engine: Engine
+    ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
         output, batch = engine.state.output, engine.state.batch
         preds = self.output_transform(output) if self.output_transform is not None else self._get(output, self.pred_key)
         if preds is None:
@@ -202,7 +228,16 @@ class VideoFrameCollector:
             if lab is None:
                 raise KeyError(f"neither the engine output nor the batch has targets under {self.label_key!r}")
             targets = to_numpy(lab, np.float32).reshape(-1, NUM_LABELS)
-        return vids, probs, index, number, targets
+        features = None
+        if self.features_key is not None:
+            feats = self._get(output, self.features_key)
+            if feats is None:
+                raise KeyError(
+                    f"engine output has no {self.features_key!r} entry: cannot collect per-frame features (attach a "
+                    "monai_vce.handlers.FrameFeatureCapture to the engine)"
+                )
+            features = to_numpy(feats, np.float16).reshape(probs.shape[0], -1)
+        return vids, probs, index, number, targets, features
 
     # --- event callbacks -------------------------------------------------------------------------------------
     def iteration_completed(self, engine: Engine) -> None:
@@ -216,8 +251,10 @@ class VideoFrameCollector:
         frame_index: np.ndarray,
         frame_number: np.ndarray | None = None,
         targets: np.ndarray | None = None,
+        features: np.ndarray | None = None,
     ) -> None:
-        """Add frames: their video ids, ``(B, 17)`` probabilities, frame ids and optional ``(B, 17)`` targets.
+        """Add frames: their video ids, ``(B, 17)`` probabilities, frame ids, optional ``(B, 17)`` targets and
+        optional ``(B, D)`` features (kept as float16).
 
         ``frame_number`` defaults to ``frame_index`` (when a caller knows one kind of frame id only).
         """
@@ -231,6 +268,8 @@ class VideoFrameCollector:
             probs = 1.0 / (1.0 + np.exp(-probs))
         if targets is not None:
             targets = np.asarray(targets, dtype=np.float32).reshape(-1, NUM_LABELS)
+        if features is not None:
+            features = np.asarray(features, dtype=np.float16).reshape(probs.shape[0], -1)
         if not (len(vids) == index.shape[0] == number.shape[0] == probs.shape[0]) or (
             targets is not None and targets.shape[0] != probs.shape[0]
         ):
@@ -246,7 +285,13 @@ class VideoFrameCollector:
                 # a new video starts: every video seen before it is complete (frames come in video order)
                 for done in list(self._chunks):
                     self._finish(done, self._concat(self._chunks.pop(done)))
-            chunk = (probs[s:e], index[s:e], number[s:e], None if targets is None else targets[s:e])
+            chunk = (
+                probs[s:e],
+                index[s:e],
+                number[s:e],
+                None if targets is None else targets[s:e],
+                None if features is None else features[s:e],
+            )
             self._chunks.setdefault(vid, []).append(chunk)
 
     def epoch_completed(self, engine: Engine | None = None) -> None:
@@ -281,27 +326,41 @@ class VideoFrameCollector:
         arrays = [codes, probs, index, number]
         if self.label_key is not None:
             arrays.append(np.concatenate([p[3] for p in local]) if local else np.zeros((0, NUM_LABELS), np.float32))
+        if self.features_key is not None:
+            # every rank must send the same width: a rank without frames learns it from the others' first row
+            mine = [p[4] for p in local if p[4] is not None]
+            width = max(int(all_gather_rows(np.asarray([mine[0].shape[1] if mine else -1]))[0].max()), 0)
+            feats = np.concatenate(mine) if mine else np.zeros((0, width), np.float16)
+            arrays.append(feats.astype(np.float32))  # float32: not every backend gathers float16
         gathered = all_gather_rows(*arrays)
         codes, probs, index, number = gathered[:4]
         targets = gathered[4] if self.label_key is not None else None
+        features = gathered[-1].astype(np.float16) if self.features_key is not None else None
         out = {}
         order = np.argsort(codes, kind="stable")
         bounds = np.searchsorted(codes[order], np.arange(len(vocab) + 1))
         for i, vid in enumerate(vocab):
             rows = order[bounds[i] : bounds[i + 1]]
-            out[vid] = (probs[rows], index[rows], number[rows], None if targets is None else targets[rows])
+            out[vid] = (
+                probs[rows],
+                index[rows],
+                number[rows],
+                None if targets is None else targets[rows],
+                None if features is None else features[rows],
+            )
         return out
 
     @staticmethod
-    def _concat(chunks: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    def _concat(chunks: list[_Chunk]) -> _Chunk:
         probs = np.concatenate([c[0] for c in chunks])
         index = np.concatenate([c[1] for c in chunks])
         number = np.concatenate([c[2] for c in chunks])
         targets = None if any(c[3] is None for c in chunks) else np.concatenate([c[3] for c in chunks])
-        return probs, index, number, targets
+        features = None if any(c[4] is None for c in chunks) else np.concatenate([c[4] for c in chunks])
+        return probs, index, number, targets, features
 
     def _finish(self, vid: str, part: tuple) -> None:
-        probs, index, number, targets = part
+        probs, index, number, targets, features = part
         # sort by frame index and drop repeated frames (a distributed sampler may pad with repeats)
         order = np.argsort(index, kind="stable")
         index = index[order]
@@ -309,6 +368,7 @@ class VideoFrameCollector:
         order = order[keep]
         probs, index, number = probs[order], index[keep], number[order]
         targets = targets[order] if targets is not None else None
+        features = features[order] if features is not None else None
         finite = np.isfinite(probs).all(axis=1)
         if not finite.all():
             bad = int(np.flatnonzero(~finite)[0])
@@ -318,7 +378,12 @@ class VideoFrameCollector:
             )
         self.completed.append(vid)
         video = VideoArrays(
-            vid, np.ascontiguousarray(probs, np.float32), index.astype(np.int64), number.astype(np.int64), targets
+            vid,
+            np.ascontiguousarray(probs, np.float32),
+            index.astype(np.int64),
+            number.astype(np.int64),
+            targets,
+            features=features,
         )
         if self.on_video is not None:
             self.on_video(video)
@@ -372,6 +437,8 @@ class VideoFrameCollector:
 
     def attach(self, engine: Engine) -> None:
         """Register the collection callbacks on ``engine`` (every iteration, start and end of every epoch)."""
+        if self._name is None:
+            self.logger = engine.logger
         if not engine.has_event_handler(self._epoch_started, Events.EPOCH_STARTED):
             engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
         if not engine.has_event_handler(self.iteration_completed, Events.ITERATION_COMPLETED):

@@ -107,6 +107,18 @@ def resume_sources(source: str, reduction: Mapping[str, Any] | None = None) -> l
     return [source, reduced_source(source, tag)] if tag else [source]
 
 
+class _TransformedDecoder:
+    """An event decoder applied after a probability transform (keeps the decoder's ``params`` for its frame units)."""
+
+    def __init__(self, decoder: EventDecoder, transform: Callable[[np.ndarray], np.ndarray]) -> None:
+        self.decoder = decoder
+        self.transform = transform
+        self.params = decoder.params
+
+    def __call__(self, probs: np.ndarray, frame_ids: Any, **kwargs: Any) -> Any:
+        return self.decoder(self.transform(probs), frame_ids, **kwargs)
+
+
 class _RowSampler(torch.utils.data.Sampler):
     """A sampler yielding the rows it was last pointed at (read in the main process at every pass)."""
 
@@ -327,10 +339,12 @@ class ReducedInference:
         probs_transform: ``(T, 17) -> (T, 17)`` probabilities, applied before decoding (e.g. a temporal
             refiner's ``refine``): the refinement aims at the decoded transformed probabilities, and the events
             written by the default writer are decoded from them; the files hold the untransformed probabilities.
+            ``None`` with an ``event_writer`` that has a temporal refiner of probabilities: that refiner's
+            ``refine`` (the writer decodes the refined probabilities).
         event_writer: writes the event JSON from the files once every video is done (its ``write_events``); the
-            bundle passes its own, so that reduced and full inference decode alike. ``None`` builds a
-            :class:`~monai_vce.handlers.TemporalEventWriter` with ``events_file``, ``decoder``,
-            ``probs_transform`` and the videos of ``data``.
+            bundle passes its own, so that reduced and full inference decode alike (with its temporal refiner, if
+            any). ``None`` builds a :class:`~monai_vce.handlers.TemporalEventWriter` with ``events_file``,
+            ``decoder`` (after ``probs_transform``) and the videos of ``data``.
         events_file: the event JSON of the default writer (relative paths are taken inside ``output_dir``);
             ``None`` writes no events (unless ``event_writer`` is given).
         load_handlers: callables run once with a bare ignite engine before the first video (e.g. a
@@ -401,6 +415,9 @@ class ReducedInference:
         self.source = str(source)
         #: the reduction settings stored in every file's ``source`` (``""``: full inference)
         self.tag = reduction_tag(stride, budget, refine, margin, self.duplicate_tolerance, self.options)
+        refiner = getattr(event_writer, "refiner", None)
+        if probs_transform is None and refiner is not None and getattr(refiner, "inputs", "probs") == "probs":
+            probs_transform = refiner.refine
         self.probs_transform = probs_transform
         self.event_writer = event_writer
         self.events_file = events_file
@@ -424,13 +441,23 @@ class ReducedInference:
             return self.event_writer
         if self.events_file is None:
             return None
-        return TemporalEventWriter(
-            self.output_dir,
-            events_file=self.events_file,
-            decoder=self.decoder,
-            videos=list(videos),
-            probs_transform=self.probs_transform,
+        decoder: Any = (
+            self.decoder if self.probs_transform is None else _TransformedDecoder(self.decoder, self.probs_transform)
         )
+        return TemporalEventWriter(self.output_dir, events_file=self.events_file, decoder=decoder, videos=list(videos))
+
+    def _check_writer(self) -> None:
+        """Refuse, in one line, an event writer that needs what reduced inference does not write: per-frame
+        features (for the files, or as the inputs of its temporal refiner)."""
+        writer = self.event_writer
+        refiner = getattr(writer, "refiner", None)
+        inputs = getattr(refiner, "inputs", "probs") if refiner is not None else "probs"
+        if getattr(writer, "feature_capture", None) is not None or inputs != "probs":
+            need = "write_features" if inputs == "probs" else f"a temporal refiner with inputs={inputs!r}"
+            raise ValueError(
+                f"reduced inference ({self.tag}) writes no per-frame features, but the run asks for them ({need}): "
+                "infer every frame (stride 1, no budget, no duplicate skipping) or use a refiner fitted on probabilities"
+            )
 
     def _load(self) -> None:
         if not self.load_handlers:
@@ -480,6 +507,8 @@ class ReducedInference:
         """
         from tqdm.auto import tqdm
 
+        if self.reduced:
+            self._check_writer()
         data = self.predictor.data
         groups = _video_frames(data)
         rank, world = idist.get_rank(), idist.get_world_size()

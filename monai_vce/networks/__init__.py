@@ -30,6 +30,7 @@ from .diff_attention import (
     resolve_lambda_init,
 )
 from .heads import SEGatedClassifierHead, TextContrastiveHead
+from .network_utils import load_pretrained, param_groups, unwrap_network
 from .text_embeddings import compute_text_embeddings, load_text_embeddings, save_text_embeddings
 
 __all__ = [
@@ -58,4 +59,7 @@ __all__ = [
     "compute_text_embeddings",
     "load_text_embeddings",
     "save_text_embeddings",
+    "param_groups",
+    "load_pretrained",
+    "unwrap_network",
 ]

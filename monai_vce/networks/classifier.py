@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from monai_vce.labels import LABELS, NUM_LABELS
 
-from .backbone import BIOMEDCLIP_HUB_ID, build_image_tower
+from .backbone import BIOMEDCLIP_HUB_ID, build_image_tower, check_backbone
 from .diff_attention import (
     DifferentialAttention,
     LambdaInit,
@@ -55,8 +55,10 @@ class DiffAttnCLIPClassifier(nn.Module):
     The defaults build the network of the bundle's default recipe (``project``); the paper's network is
     ``attention_variant="paper", se_reduction=16, head_batch_norm=True, dropout=0.4`` (``bundle/configs/paper.json``).
 
-    Input: float RGB images in [0, 1], shape (B, 3, H, W) with H = W = ``image_size``; the CLIP mean/std
-    normalisation happens inside (buffers). :meth:`forward` returns one float32 tensor of raw logits (B, num_classes)
+    Input: RGB frames (B, 3, H, W) with H = W = ``image_size``, ``uint8`` in [0, 255] (what the bundle's
+    ``preprocessing`` emits) or float in [0, 1] (what its ``prepare_batch`` hands the network); the scaling of ``uint8``
+    frames and the CLIP mean/std normalisation happen inside (see :mod:`monai_vce.data.frames` for the dtype of a
+    frame at each stage). :meth:`forward` returns one float32 tensor of raw logits (B, num_classes)
     in train and eval mode, so the network works with MONAI inferers, ``verify_net_in_out`` and TorchScript.
     :meth:`forward_paths` returns both paths for the training loss.
 
@@ -115,6 +117,9 @@ class DiffAttnCLIPClassifier(nn.Module):
         drop_path: stochastic depth rate of the ViT trunk (None keeps the config's).
         logit_scale_init: initial log scale of the contrastive path; None takes the checkpoint's ``logit_scale``
             when present, else log(1 / 0.07).
+        defer_pretrained: build the architecture only (random weights; no hub, no file read) and load the
+            pretrained weights and the text embeddings in :meth:`load_pretrained`. The bundle's training config
+            sets it, so that parsing it needs neither the hub nor data.
     """
 
     __jit_unused_properties__ = ["num_layers"]  # noqa: RUF012  (TorchScript reads it as a plain class attribute)
@@ -147,6 +152,7 @@ class DiffAttnCLIPClassifier(nn.Module):
         normalize: bool = True,
         drop_path: float | None = None,
         logit_scale_init: float | None = None,
+        defer_pretrained: bool = False,
     ) -> None:
         super().__init__()
         if attention not in ("diff", "plain"):
@@ -154,8 +160,27 @@ class DiffAttnCLIPClassifier(nn.Module):
         variant = resolve_variant(attention_variant, conversion_mode)
         if fusion not in FUSION_MODES:
             raise ValueError(f"fusion must be one of {FUSION_MODES}, got {fusion!r}")
+        # deferred: the architecture now (random weights, offline: BiomedCLIP's config ships with the package), the
+        # weights and the text embeddings in load_pretrained(), when a workflow runs
+        self._deferred: dict[str, Any] | None = None
+        if defer_pretrained:
+            self._deferred = {
+                "tower": {
+                    "backbone": backbone,
+                    "model_name": model_name,
+                    "pretrained": pretrained,
+                    "image_size": image_size,
+                    "drop_path": drop_path,
+                },
+                "text": (text_embeddings, text_model, text_model_name),
+                "logit_scale_init": logit_scale_init,
+            }
         tower = build_image_tower(
-            backbone, model_name=model_name, pretrained=pretrained, image_size=image_size, drop_path=drop_path
+            backbone,
+            model_name=model_name,
+            pretrained=False if defer_pretrained else pretrained,
+            image_size=image_size,
+            drop_path=drop_path,
         )
         self.visual = tower.visual
         self.embed_dim = tower.embed_dim
@@ -182,7 +207,14 @@ class DiffAttnCLIPClassifier(nn.Module):
             self.embed_dim, self.num_classes, reduction=se_reduction, dropout=dropout, batch_norm=head_batch_norm
         )
         self.contrastive_head: TextContrastiveHead | None = None
-        if contrastive:
+        if contrastive and defer_pretrained and text_embeddings is not None:
+            # placeholder embeddings until load_pretrained() reads or computes them
+            self.contrastive_head = TextContrastiveHead(
+                torch.zeros(self.num_classes, self.embed_dim),
+                DEFAULT_LOGIT_SCALE if logit_scale_init is None else logit_scale_init,
+                max_logit_scale=max_logit_scale,
+            )
+        elif contrastive:
             embeddings = self._text_embeddings(text_embeddings, text_model, text_model_name)
             if embeddings is not None:
                 scale = logit_scale_init if logit_scale_init is not None else tower.logit_scale
@@ -194,15 +226,62 @@ class DiffAttnCLIPClassifier(nn.Module):
         if freeze_backbone or freeze_blocks:
             self._freeze(all_blocks=freeze_backbone, num_blocks=int(freeze_blocks))
         logger.info(
-            "DiffAttnCLIPClassifier: backbone %s (pretrained=%s), attention=%s, variant=%s, converted blocks %s, "
+            "DiffAttnCLIPClassifier: backbone %s (pretrained=%s%s), attention=%s, variant=%s, converted blocks %s, "
             "contrastive path %s",
             backbone,
             pretrained,
+            ", loaded by load_pretrained()" if defer_pretrained else "",
             attention,
             self.attention_variant,
             self.diff_blocks,
             "on" if self.contrastive_head is not None else "off",
         )
+
+    @torch.jit.unused
+    def load_pretrained(self) -> bool:
+        """Load what ``defer_pretrained=True`` left out: the backbone's pretrained weights and the text embeddings.
+
+        The bundle's training workflow calls it (through :func:`monai_vce.networks.load_pretrained`) when it runs, so
+        that parsing the config and MONAI's ``check_properties`` need no hub and no weights file. The network's
+        parameters stay the same objects (an optimizer built before keeps working); the architecture and the
+        random initialisation of the new parameters are those of a network built with ``defer_pretrained=False``.
+        Calling it again, or on a network built without deferring, does nothing.
+
+        Returns:
+            Whether anything was loaded.
+
+        Raises:
+            RuntimeError: the backbone's weights cannot be had (the message lists the offline alternatives).
+            ValueError: the weights do not match the image tower.
+        """
+        deferred = self._deferred
+        if deferred is None:
+            return False
+        spec = deferred["tower"]
+        head = self.contrastive_head
+        if spec["pretrained"] is not False:
+            check_backbone(spec["backbone"], spec["pretrained"])  # the bundle's message when the hub is unreachable
+            with torch.random.fork_rng(devices=[]):  # the second tower's random init must not shift the seed
+                tower = build_image_tower(**spec)
+            new = {name[len("visual.") :] for name in self._new_parameter_names()}
+            missing, unexpected = self.visual.load_state_dict(tower.visual.state_dict(), strict=False)
+            if unexpected or set(missing) - new:
+                raise ValueError(
+                    f"the weights of {spec['backbone']!r} do not match the image tower: unexpected keys "
+                    f"{sorted(unexpected)[:8]}, missing keys {sorted(set(missing) - new)[:8]}"
+                )
+            if head is not None and deferred["logit_scale_init"] is None and tower.logit_scale is not None:
+                with torch.no_grad():
+                    head.logit_scale.fill_(float(tower.logit_scale))
+            logger.info("pretrained weights of %s loaded into the image tower", spec["backbone"])
+        if head is not None:
+            embeddings = self._text_embeddings(*deferred["text"])
+            if embeddings is None:
+                self.contrastive_head = None
+            else:
+                head.text_embeddings.copy_(torch.nn.functional.normalize(embeddings.detach().float(), dim=-1))
+        self._deferred = None
+        return True
 
     def _text_embeddings(
         self,
@@ -361,7 +440,9 @@ class DiffAttnCLIPClassifier(nn.Module):
         return {i: float(cast(DifferentialAttention, blocks[i].attn).lambda_value().detach()) for i in self.diff_blocks}
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Image features (B, embed_dim) of float RGB images in [0, 1] (B, 3, H, W)."""
+        """Image features (B, embed_dim) of RGB frames (B, 3, H, W): ``uint8`` in [0, 255] or float in [0, 1]."""
+        if not x.is_floating_point():
+            x = x.float() / 255.0
         if self.normalize:
             x = (x - self.mean.to(x.dtype)) / self.std.to(x.dtype)
         return self.visual(x)

@@ -33,7 +33,12 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
-from jsonschema import Draft202012Validator, validators
+from jsonschema import validators
+
+try:
+    from jsonschema import Draft202012Validator as _DraftValidator
+except ImportError:  # jsonschema 3 (MONAI Label's environment pins it): draft 7 knows every keyword used here
+    from jsonschema import Draft7Validator as _DraftValidator
 from jsonschema.exceptions import ValidationError
 
 from monai_vce.events.composition import COMPOSITIONS, RANKINGS
@@ -145,7 +150,7 @@ def _finite(validator: Any, finite: bool, instance: Any, schema: Mapping[str, An
         yield ValidationError(f"{instance!r} is not finite")
 
 
-_Validator = validators.extend(Draft202012Validator, {"finite": _finite})
+_Validator = validators.extend(_DraftValidator, {"finite": _finite})
 _VALIDATORS: dict[tuple, Any] = {}
 
 

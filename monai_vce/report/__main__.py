@@ -17,6 +17,8 @@ from monai_vce.events.units import FrameUnits
 from monai_vce.report.summary import write_report
 from monai_vce.report.timeline import UNITS
 
+__all__ = ["main"]
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(

@@ -84,6 +84,7 @@ def evaluation_report(
     frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
     draw: bool = True,
     ground_truth: Mapping[str, Any] | None = None,
+    protocol: str | None = None,
 ) -> dict[str, Any] | None:
     """Score an evaluation's event JSON against the ground truth; print and save the result.
 
@@ -103,6 +104,8 @@ def evaluation_report(
         ground_truth: the ground truth the challenge scores, from the labels CSVs
             (:func:`monai_vce.data.build_ground_truth`); ``None`` builds it from ``datalist``
             (:func:`datalist_ground_truth`).
+        protocol: how the events were decoded (e.g. whether the decoder was tuned on the scored videos), stored as
+            ``protocol`` in ``metrics.json`` and printed with the scores.
 
     Returns:
         The metric result (``None`` on other ranks).
@@ -123,11 +126,13 @@ def evaluation_report(
         gt = {"videos": [v for v in ground_truth["videos"] if str(v["video_id"]) in wanted]}
     pred = load_events(events_file)
     result = temporal_map(gt, pred)
+    if protocol is not None:
+        result["protocol"] = protocol
     if probs_dir is not None:
         result["frame_AP"] = _frame_ap(datalist, probs_dir)
     atomic_write_json(out / "ground_truth.json", gt)
     atomic_write_json(out / "metrics.json", result)
-    summary = {k: result[k] for k in ("mAP@0.5", "mAP@0.95") if k in result}
+    summary = {k: result[k] for k in ("mAP@0.5", "mAP@0.95", "protocol") if k in result}
     print(json.dumps({"events_file": str(events_file), "videos": len(gt["videos"]), **summary}), flush=True)
     if draw:
         try:

@@ -16,6 +16,8 @@ from pathlib import Path
 from monai_vce.review.exams import UNITS
 from monai_vce.review.site import write_review_site
 
+__all__ = ["main"]
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point (``python -m monai_vce.review``)."""

@@ -20,7 +20,8 @@ outputs (honest: the frame model never trained on them)::
         fit.refiner.save("refiner.pt")
         refined = fit.refiner.refine(test_probs)                  # then EventDecoder(temporal)(refined, frame_ids)
 
-Command line: ``python -m monai_vce.temporal fit|refine ...`` (see :mod:`~monai_vce.temporal.__main__`).
+Command line: ``python -m monai_vce.temporal fit|refine ...`` (see :mod:`~monai_vce.temporal.__main__`). In the
+bundle: ``bundle/configs/temporal_train.json`` (:func:`fit_temporal_stage`) and ``temporal_inference.json``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from .protocol import (
     select_pipeline,
 )
 from .refiner import INPUTS, POSITION_CHANNELS, TemporalRefiner, input_channels, position_channels
+from .stage import fit_temporal_stage, load_refiner, refiner_fingerprint, refiner_inputs
 from .training import CROP_SAMPLING, CropSampler, fit_refiner, prepare_videos, refiner_loss
 
 __all__ = [
@@ -64,4 +66,8 @@ __all__ = [
     "CrossFitResult",
     "cross_fit_refiner",
     "select_pipeline",
+    "fit_temporal_stage",
+    "load_refiner",
+    "refiner_fingerprint",
+    "refiner_inputs",
 ]

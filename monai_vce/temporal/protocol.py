@@ -40,6 +40,7 @@ side of the refiner under-trusting its inputs, the opposite of the leakage it re
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -185,6 +186,9 @@ def cross_fit_refiner(
         seed: seed of the fold assignment and of each fit (fold ``f`` uses ``seed + f``).
         log: optional callable receiving progress lines.
         fit_kwargs: more arguments of :func:`~monai_vce.temporal.fit_refiner` (network, steps, crop_length, ...).
+            A ``refiner`` (an untrained refiner, e.g. a bundle's ``_target_`` component) is deep-copied for every
+            fit, so that each fold and the final refiner start from the same untrained weights and none continues
+            from another's training; a callable is called for a new refiner at every fit.
 
     Returns:
         A :class:`CrossFitResult`.
@@ -193,6 +197,13 @@ def cross_fit_refiner(
         LeakageError: the inputs' provenance shows leakage, or a fold would refine its own training videos.
     """
     from .training import fit_refiner
+
+    template = fit_kwargs.pop("refiner", None)
+
+    def fresh() -> Any:
+        if template is None:
+            return None
+        return copy.deepcopy(template) if hasattr(template, "state_dict") else template()
 
     ids = [str(k) for k in videos]
     if trained_on is not None:
@@ -213,7 +224,9 @@ def cross_fit_refiner(
         held = [v for v in ids if assignment[v] == f]
         if log:
             log(f"fold {f}: fitting on {len(train_ids)} videos, refining {len(held)}")
-        refiner = fit_refiner({v: videos[v] for v in train_ids}, inputs, seed=seed + int(f), log=log, **fit_kwargs)
+        refiner = fit_refiner(
+            {v: videos[v] for v in train_ids}, inputs, refiner=fresh(), seed=seed + int(f), log=log, **fit_kwargs
+        )
         check_no_leakage(held, refiner.trained_videos, what="refiner")
         for v in held:
             item = videos[v]
@@ -223,7 +236,9 @@ def cross_fit_refiner(
     if final:
         if log:
             log(f"final refiner: fitting on all {len(ids)} videos")
-        final_refiner = fit_refiner({v: videos[v] for v in ids}, inputs, seed=seed, log=log, **fit_kwargs)
+        final_refiner = fit_refiner(
+            {v: videos[v] for v in ids}, inputs, refiner=fresh(), seed=seed, log=log, **fit_kwargs
+        )
     return CrossFitResult({v: refined[v] for v in ids}, final_refiner, fold_refiners, assignment)
 
 

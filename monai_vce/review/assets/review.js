@@ -130,14 +130,13 @@
 
   // events as exported: predicted ones in confidence order (rejected left out; unreviewed ones only with
   // includePending), then the added ones in the order they were made
-  function exportedEvents(events, labels, includePending) {
-    var rank = {};
-    labels.forEach(function (n, i) { rank[n] = i; });
+  function exportedEvents(events, includePending) {
     return events.filter(function (ev) {
       if (ev.status === "rejected") return false;
       return ev.added || ev.status === "accepted" || includePending;
     }).map(function (ev) {
-      var lab = ev.label.slice().sort(function (a, b) { return rank[a] - rank[b]; });
+      // label names sorted as the challenge's ground truth lists them
+      var lab = ev.label.slice().sort();
       return { start: ev.start, end: ev.end, label: lab };
     });
   }
@@ -193,7 +192,7 @@
     var exportAll = el("button", { className: "button", id: "export-all", text: "Export all reviewed events (JSON)",
       onclick: function () {
         var out = { videos: all.map(function (v) {
-          return { video_id: v.video_id, events: exportedEvents(v.events, idx.labels, include.checked) };
+          return { video_id: v.video_id, events: exportedEvents(v.events, include.checked) };
         }) };
         download("reviewed_events.json", JSON.stringify(out, null, 2) + "\n", "application/json");
       } });
@@ -409,7 +408,7 @@
   // ---- export
   ExamPage.prototype.exportJSON = function () {
     var out = { videos: [{ video_id: this.d.video_id,
-      events: exportedEvents(this.state.events, this.labels, this.state.includePending) }] };
+      events: exportedEvents(this.state.events, this.state.includePending) }] };
     return JSON.stringify(out, null, 2) + "\n";
   };
 

@@ -1,0 +1,276 @@
+"""The bundle's temporal stage: fit the refiner and its decoder on the frame model's validation outputs.
+
+:func:`fit_temporal_stage` is what ``bundle/configs/temporal_train.json`` runs once the frame model is trained
+and its outputs on the validation videos are written (probabilities, and features when the refiner reads
+them). It follows the default protocol of :mod:`monai_vce.temporal.protocol`, **validation cross-fitting**:
+
+1. the validation videos' probability files and their ground truth are read; the leakage guard checks that
+   none of them was a training video of the frame model (``trained_on``);
+2. the refiner is cross-fitted over ``folds`` folds of these videos (:func:`cross_fit_refiner`): every video
+   gets refined probabilities from a refiner that was not fitted on it, and a final refiner is fitted on all
+   of them, for inference;
+3. the decoder is tuned on those out-of-fold refined probabilities (never on a refiner's own training videos),
+   starting from their F1-optimal thresholds, as the frame decoder is tuned on the frame outputs;
+4. the temporal pipeline is compared with the frame pipeline by their decoders' tuning objectives
+   (:func:`select_pipeline`), and the verdict is logged and recorded;
+5. the refiner file and the decoder parameters are written atomically, with a summary JSON.
+
+Cost: ``folds + 1`` refiner fits and one decoder tuning; no extra frame-model training.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from monai_vce.events.composition import events_to_frames
+from monai_vce.events.probabilities import VideoArrays, load_video_probs, probability_file, save_video_probs
+from monai_vce.events.units import FrameUnits, as_frame_units
+from monai_vce.events.validation import load_events
+from monai_vce.labels import LABELS
+from monai_vce.postprocessing.params import DecoderParams
+from monai_vce.postprocessing.thresholds import optimize_thresholds
+from monai_vce.postprocessing.tuning import tune_decoder
+from monai_vce.utils import atomic_write_json
+
+from .protocol import check_no_leakage, cross_fit_refiner, select_pipeline
+from .refiner import INPUTS, TemporalRefiner
+
+__all__ = ["load_refiner", "refiner_fingerprint", "refiner_inputs", "fit_temporal_stage"]
+
+logger = logging.getLogger(__name__)
+
+PathLike = str | os.PathLike
+
+
+def load_refiner(path: PathLike, map_location: str | torch.device = "cpu") -> TemporalRefiner:
+    """Read a refiner file for inference (:meth:`TemporalRefiner.load`), the bundle's ``refiner`` component.
+
+    Raises:
+        FileNotFoundError: the file is missing (the message says how to fit one).
+        ValueError: the file is not a refiner file (one line naming it).
+    """
+    if not Path(path).is_file():
+        raise FileNotFoundError(
+            f"refiner file {path} not found; fit it with the temporal stage (bundle/configs/temporal_train.json) "
+            "or pass --refiner_file"
+        )
+    return TemporalRefiner.load(path, map_location=map_location)
+
+
+def refiner_fingerprint(path: PathLike) -> str:
+    """The refiner's part of a refined probability file's ``source``: its path and a hash of its content
+    (:meth:`TemporalRefiner.fingerprint`), so that a resumed run never reuses another refiner's outputs.
+
+    Raises:
+        FileNotFoundError: the file is missing.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"refiner file {path} not found; fit it with bundle/configs/temporal_train.json")
+    return f"{path.resolve()} {TemporalRefiner.fingerprint(path)}"
+
+
+def refiner_inputs(refiner: Any) -> str:
+    """The input kind (``"probs"``, ``"features"``, ``"both"``) of a refiner, of a callable building one (a
+    ``functools.partial``, as ``"_mode_": "callable"`` makes in a bundle config), or ``"probs"`` for ``None``."""
+    if refiner is None:
+        return "probs"
+    if isinstance(refiner, functools.partial):
+        return str(refiner.keywords.get("inputs", "probs"))
+    return str(getattr(refiner, "inputs", "probs"))
+
+
+def _ground_truth(ground_truth: PathLike | Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    gt = load_events(ground_truth) if not isinstance(ground_truth, Mapping) else ground_truth
+    out: dict[str, list[dict[str, Any]]] = {}
+    for v in gt.get("videos", []):
+        out.setdefault(str(v["video_id"]), []).extend(v["events"])
+    return out
+
+
+def _read_videos(
+    probs_dir: Path, video_ids: Sequence[str], gt: Mapping[str, list], units: FrameUnits, features: bool
+) -> tuple[dict[str, tuple], dict[str, VideoArrays]]:
+    videos, arrays = {}, {}
+    for vid in video_ids:
+        path = probability_file(probs_dir, vid)
+        if vid not in gt:
+            raise ValueError(f"video {vid!r} ({path}): not in the ground truth of the validation videos")
+        video = load_video_probs(path, features=features)
+        item: tuple = (video.probs, video.frame_ids(units), gt[vid])
+        if features:
+            if video.features is None:
+                raise ValueError(
+                    f"probability file {path} has no 'features' array, which the refiner's inputs need: write the "
+                    "validation outputs with write_features true"
+                )
+            item = (*item, video.features)
+        videos[vid], arrays[vid] = item, video
+    return videos, arrays
+
+
+def fit_temporal_stage(
+    probs_dir: PathLike,
+    ground_truth: PathLike | Mapping[str, Any],
+    refiner_file: PathLike,
+    decoder_file: PathLike,
+    trained_on: Collection[str],
+    refiner: Any = None,
+    videos: Sequence[str] | None = None,
+    folds: int = 5,
+    frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
+    fit_kwargs: Mapping[str, Any] | None = None,
+    decoder_tuning: Mapping[str, Any] | None = None,
+    frame_decoder: PathLike | None = None,
+    oof_dir: PathLike | None = None,
+    summary_file: PathLike | None = None,
+    seed: int = 0,
+    log: Callable[[str], Any] | None = None,
+) -> dict[str, Any]:
+    """Fit the refiner by validation cross-fitting and tune its decoder (see the module docstring).
+
+    Args:
+        probs_dir: folder of the frame model's ``<video_id>.npz`` files of the validation videos.
+        ground_truth: their ground-truth event JSON (object or path), in ``frame_units``.
+        refiner_file: where to write the final refiner (e.g. ``models/refiner.pt``).
+        decoder_file: where to write the decoder parameters tuned on refined probabilities (e.g.
+            ``models/temporal_decoder.json``).
+        trained_on: the frame model's training video ids: the leakage guard refuses any of them here.
+        refiner: the refiner to fit: an untrained :class:`TemporalRefiner` (deep-copied for every fit), a callable
+            returning one (a bundle's ``"_mode_": "callable"`` component; it receives ``feature_dim``, the width of
+            the files' features, when its inputs need features and it does not set it), or ``None`` for a
+            default :class:`TemporalRefiner` of probabilities.
+        videos: the video ids to use (default every file of ``probs_dir``).
+        folds: cross-fitting folds (at most the number of videos).
+        frame_units: the frame ids the ground truth and the decoder count in.
+        fit_kwargs: more arguments of :func:`~monai_vce.temporal.fit_refiner` (steps, crop_length, batch_size,
+            learning_rate, num_threads, ...).
+        decoder_tuning: more arguments of :func:`~monai_vce.postprocessing.tune_decoder` (as the frame decoder's
+            ``decoder_tuning``).
+        frame_decoder: the frame pipeline's decoder parameters (``models/decoder.json``), tuned on the same
+            videos; when it exists, :func:`select_pipeline` compares the two pipelines and the verdict is logged.
+        oof_dir: optional folder for the out-of-fold refined probability files (for inspection and reports).
+        summary_file: optional JSON file of the summary below.
+        seed: seed of the fold assignment and the fits.
+        log: callable receiving progress lines (default: this module's logger).
+
+    Returns:
+        A summary: ``videos``, ``folds``, ``inputs``, ``feature_dim``, ``objective`` per pipeline, ``selected``,
+        ``refiner_file``, ``decoder_file``, ``seconds``.
+
+    Raises:
+        LeakageError: a video was a training video of the frame model.
+        ValueError: fewer than 2 videos, a file or ground truth missing a video, features missing (one line
+            naming the file or video).
+    """
+    say = log if log is not None else logger.info
+    t0 = time.perf_counter()
+    probs_dir = Path(probs_dir)
+    units = as_frame_units(frame_units)
+    ids = [str(v) for v in videos] if videos is not None else [p.name[:-4] for p in sorted(probs_dir.glob("*.npz"))]
+    if len(ids) < 2:
+        raise ValueError(
+            f"the temporal stage cross-fits the refiner over the validation videos and needs at least 2, got "
+            f"{len(ids)} in {probs_dir}"
+        )
+    check_no_leakage(ids, trained_on, what="frame model")
+    inputs = refiner_inputs(refiner)
+    if inputs not in INPUTS:
+        raise ValueError(f"refiner inputs must be one of {INPUTS}, got {inputs!r}")
+    needs_features = inputs != "probs"
+    data, arrays = _read_videos(probs_dir, ids, _ground_truth(ground_truth), units, needs_features)
+    feature_dim = int(next(iter(data.values()))[3].shape[1]) if needs_features else 0
+    factory: Any = refiner
+    if refiner is None:
+        factory = functools.partial(TemporalRefiner, inputs="probs")
+    elif isinstance(refiner, functools.partial) and needs_features and "feature_dim" not in refiner.keywords:
+        factory = functools.partial(refiner, feature_dim=feature_dim)
+
+    def seeded() -> Any:
+        # every fit starts from the same seeded initialisation, as deep copies of one refiner would
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return factory()
+
+    template = factory if hasattr(factory, "state_dict") else seeded
+    kwargs = dict(fit_kwargs or {})
+    n_folds = min(int(folds), len(ids))
+    say(f"temporal stage: cross-fitting the refiner ({inputs}) over {n_folds} folds of {len(ids)} validation videos")
+    fit = cross_fit_refiner(
+        data,
+        inputs,
+        folds=n_folds,
+        trained_on=trained_on,
+        seed=seed,
+        refiner=template,
+        **kwargs,
+    )
+    assert fit.refiner is not None
+    tuning_videos = fit.tuning_videos(data)
+    tune_kwargs = dict(decoder_tuning or {})
+    if "base" not in tune_kwargs:
+        refined = np.concatenate([tuning_videos[v][0] for v in ids])
+        targets = np.concatenate([events_to_frames(tuning_videos[v][2], tuning_videos[v][1]) for v in ids])
+        thresholds = np.asarray(optimize_thresholds(refined, targets))
+        tune_kwargs["base"] = DecoderParams.from_thresholds(dict(zip(LABELS, thresholds.tolist(), strict=True)))
+    tune_kwargs.setdefault("frame_units", units)
+    say(f"temporal stage: tuning the decoder on the out-of-fold refined probabilities of {len(ids)} videos")
+    params = tune_decoder(tuning_videos, **tune_kwargs)
+    objectives: dict[str, float] = {"temporal": float(params["fit"]["objective"])}
+    selected = "temporal"
+    if frame_decoder is not None and Path(frame_decoder).is_file():
+        frame_params = DecoderParams.load(frame_decoder)
+        if isinstance(frame_params.get("fit"), Mapping) and "objective" in frame_params["fit"]:
+            objectives["frame"] = float(frame_params["fit"]["objective"])
+            selected = select_pipeline({"frame": frame_params, "temporal": params}, baseline="frame")
+    if oof_dir is not None:
+        for vid in ids:
+            a = arrays[vid]
+            video = VideoArrays(vid, fit.refined[vid], a.frame_index, a.frame_number)
+            save_video_probs(probability_file(oof_dir, vid), video, source=f"{a.source} | out-of-fold refiner")
+    final = fit.refiner.to("cpu")
+    final.fit_info = {
+        **final.fit_info,
+        "stage": {
+            "protocol": "validation cross-fitting",
+            "folds": n_folds,
+            "frame_model_training_videos": sorted(str(v) for v in trained_on),
+            "frame_source": arrays[ids[0]].source,
+            "objectives": objectives,
+            "selected": selected,
+        },
+    }
+    refiner_path = final.save(refiner_file)
+    decoder_path = params.save(decoder_file)
+    summary = {
+        "videos": ids,
+        "folds": n_folds,
+        "inputs": inputs,
+        "feature_dim": feature_dim,
+        "objective": objectives,
+        "selected": selected,
+        "refiner_file": str(refiner_path),
+        "decoder_file": str(decoder_path),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    if summary_file is not None:
+        atomic_write_json(summary_file, summary)
+    scores = ", ".join(f"{k} {v:.4f}" for k, v in objectives.items())
+    say(f"temporal stage: decoder tuning objective (composed mAP) {scores}; refiner: {refiner_path}")
+    if selected != "temporal":
+        logger.warning(
+            "temporal stage: the refined probabilities did not beat the frame outputs by the selection margin on the "
+            "validation videos (tuning objectives: %s); inference with the temporal stage may not help here",
+            scores,
+        )
+    say(f"temporal stage: done in {summary['seconds']:.1f} s")
+    return summary
