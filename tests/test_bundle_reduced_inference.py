@@ -24,9 +24,11 @@ from monai_vce.events import load_video_probs
 from monai_vce.inference import reduced_source, reduction_tag, strided_rows
 from monai_vce.metrics import load_events
 from monai_vce.postprocessing import EventDecoder
+from monai_vce.temporal import TemporalRefiner, refiner_fingerprint
 from monai_vce.workflows import inference_datalist, model_fingerprint
 
 MULTI_GPU_INFERENCE = str(Path(INFERENCE).parent / "multi_gpu_inference.json")
+TEMPORAL_INFERENCE = str(Path(INFERENCE).parent / "temporal_inference.json")
 
 #: today's inference expression (before reduced inference existed): the evaluator and the writer
 EVALUATOR_ONLY = json.dumps(
@@ -188,6 +190,34 @@ def test_two_processes(runs, mini_galar, tmp_path, reduced):
         for vid in _files(out):
             assert log.count(f"video {vid}: inferred {k} of 60 frames") == 1, vid
         assert log.count(f"reduced inference: inferred {4 * k} of 240 frames") == 1
+
+
+def test_temporal_stage_on_reduced_inference(runs, mini_galar, tmp_path):
+    """inference.json + temporal_inference.json with a reduction: the refiner of probabilities refines the filled-in
+    probabilities, the temporal events are decoded from them, and the refined files record the reduction, so a full
+    inference in the same folder recomputes every refined file."""
+    run, _, _, _ = runs
+    models = tmp_path / "models"
+    shutil.copytree(run["models"], models)
+    torch.manual_seed(0)
+    TemporalRefiner(network={"stages": 1, "layers": 2, "channels": 8}).save(models / "refiner.pt")
+    shutil.copy2(models / "decoder.json", models / "temporal_decoder.json")
+    refiner, decoder = TemporalRefiner.load(models / "refiner.pt"), EventDecoder(models / "temporal_decoder.json")
+    fingerprint = refiner_fingerprint(models / "refiner.pt")
+    out = tmp_path / "out"
+    configs = (INFERENCE, TEMPORAL_INFERENCE, DEMO)
+    strided = ("--reduction#stride", "4", "--reduction#refine", "False")
+    for extra, reduced in ((strided, True), ((), False)):  # then full inference in the same folder
+        run_bundle(_args({"models": models}, mini_galar / "frames", out, *extra, configs=configs))
+        events = {v["video_id"]: v["events"] for v in load_events(out / "temporal_events.json")["videos"]}
+        assert len(events) == 4
+        for vid, path in _files(out).items():
+            frame = load_video_probs(path)
+            refined = load_video_probs(out / "refined_probs" / path.name)
+            assert (frame.inferred is not None) == reduced and ("|reduced(stride=4," in frame.source) == reduced
+            assert refined.source == f"{frame.source} | {fingerprint}", vid
+            np.testing.assert_allclose(refined.probs, refiner.refine(frame.probs), atol=1e-5)
+            assert events[vid] == decoder(refined.probs, refined.frame_index, video_id=vid)
 
 
 def _workflow(mini_galar, tmp_path, **overrides):
