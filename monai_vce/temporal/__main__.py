@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from monai_vce.utils import read_json_file
+
 from .files import UNITS, read_videos, refine_folder
 from .protocol import LeakageError
 from .refiner import INPUTS, TemporalRefiner
@@ -89,10 +91,10 @@ def _fit(args: argparse.Namespace) -> dict[str, Any]:
     trained_on = None
     if args.frame_model_videos:
         path = Path(args.frame_model_videos)
-        try:
-            trained_on = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"{path}: not a readable JSON file ({e})") from None
+        try:  # strict and bounded, as every JSON file a user hands in
+            trained_on = read_json_file(path, max_bytes=64 * 1024**2, what="frame-model video list")
+        except OSError as e:
+            raise ValueError(f"{path}: not a readable JSON file ({e.strerror or e})") from None
     refiner = fit_refiner(
         videos,
         args.inputs,

@@ -14,7 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from monai_vce.events.probabilities import VideoArrays, load_video_probs, npz_record, save_video_probs
+from monai_vce.events.probabilities import (
+    VideoArrays,
+    load_video_probs,
+    probability_file,
+    save_video_probs,
+)
+from monai_vce.events.probabilities import probability_files as _probability_files
 from monai_vce.events.validation import load_events
 
 from .refiner import TemporalRefiner
@@ -37,7 +43,7 @@ def probability_files(folder: PathLike) -> dict[str, Path]:
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"probability folder {folder} not found")
-    files = {p.stem: p for p in sorted(folder.glob("*.npz")) if not p.name.startswith(".")}
+    files = dict(sorted(_probability_files(folder).items()))  # file names made by video_file_name -> video ids
     if not files:
         raise ValueError(f"probability folder {folder} holds no <video_id>.npz file")
     return files
@@ -49,16 +55,8 @@ def load_features(path: PathLike) -> np.ndarray | None:
     Raises:
         ValueError: the file is unreadable or its features are not a 2-D array.
     """
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            if "features" not in z.files:
-                return None
-            features = z["features"]
-    except Exception as e:
-        raise ValueError(f"probability file {path} is unreadable: {e}") from None
-    if features.ndim != 2:
-        raise ValueError(f"probability file {path}: features must be (T, D), got shape {features.shape}")
-    return features
+    # through the one reader of probability files: its checks (array sizes bounded before reading, shapes, types)
+    return load_video_probs(path, features=True).features
 
 
 def _frame_ids(video: VideoArrays, units: str) -> np.ndarray:
@@ -102,7 +100,7 @@ def read_videos(
         if missing:
             name = gt if not isinstance(gt, Mapping) else "the ground truth"
             raise ValueError(
-                f"{name} has no video {missing[0]!r} (of {probs_dir}/{missing[0]}.npz)"
+                f"{name} has no video {missing[0]!r} (of {probability_file(probs_dir, missing[0])})"
                 + (f" nor {len(missing) - 1} more" if len(missing) > 1 else "")
             )
     out: dict[str, tuple] = {}
@@ -118,6 +116,22 @@ def read_videos(
             item = (*item, feats)
         out[vid] = item
     return out
+
+
+def _refined_from(target: Path, video: VideoArrays, source: str) -> bool:
+    """Whether ``target`` is the refined file of ``video`` by ``source``: the same frames (ids, not just their count:
+    a video re-inferred after its frames were renumbered is refined again)."""
+    if not target.is_file():
+        return False
+    try:
+        old = load_video_probs(target, video_id=video.video_id)
+    except (OSError, ValueError):
+        return False
+    return (
+        old.source == source
+        and np.array_equal(old.frame_index, video.frame_index)
+        and np.array_equal(old.frame_number, video.frame_number)
+    )
 
 
 def refine_folder(
@@ -157,16 +171,15 @@ def refine_folder(
     if videos is not None:
         unknown = [v for v in videos if v not in files]
         if unknown:
-            raise FileNotFoundError(f"no probability file {Path(probs_dir) / (unknown[0] + '.npz')}")
+            raise FileNotFoundError(f"no probability file {probability_file(probs_dir, unknown[0])}")
         files = {v: files[v] for v in videos}
     trained = set(refiner.trained_videos)
     written, kept = [], []
     needs_features = refiner.inputs != "probs"
     for vid, path in files.items():
-        target = out_dir / f"{vid}.npz"
+        target = probability_file(out_dir, vid)
         video = load_video_probs(path)
-        record = npz_record(target) if target.is_file() else None
-        if record is not None and record == (len(video), source):
+        if _refined_from(target, video, source):
             kept.append(vid)
             continue
         feats = load_features(path) if needs_features else None

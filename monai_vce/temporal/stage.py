@@ -32,7 +32,13 @@ import numpy as np
 import torch
 
 from monai_vce.events.composition import events_to_frames
-from monai_vce.events.probabilities import VideoArrays, load_video_probs, probability_file, save_video_probs
+from monai_vce.events.probabilities import (
+    VideoArrays,
+    load_video_probs,
+    probability_file,
+    probability_files,
+    save_video_probs,
+)
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.events.validation import load_events
 from monai_vce.labels import LABELS
@@ -176,7 +182,7 @@ def fit_temporal_stage(
     t0 = time.perf_counter()
     probs_dir = Path(probs_dir)
     units = as_frame_units(frame_units)
-    ids = [str(v) for v in videos] if videos is not None else [p.name[:-4] for p in sorted(probs_dir.glob("*.npz"))]
+    ids = [str(v) for v in videos] if videos is not None else list(probability_files(probs_dir))
     if len(ids) < 2:
         raise ValueError(
             f"the temporal stage cross-fits the refiner over the validation videos and needs at least 2, got "
