@@ -25,6 +25,10 @@ __all__ = [
     "default_bundle_root",
     "natural_key",
     "renamed_arguments",
+    "short_repr",
+    "read_regular_file",
+    "loads_json",
+    "read_json_file",
     "atomic_write_bytes",
     "atomic_write_text",
     "atomic_write_json",
@@ -40,6 +44,151 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (with ``...``), so that a hostile value never floods a message."""
+    if isinstance(value, str) and len(value) > 4 * limit:
+        value = value[: 4 * limit]  # repr of a huge string is never built
+    text = repr(value)
+    return text if len(text) <= limit else text[: max(limit - 3, 1)] + "..."
+
+
+def read_regular_file(path: PathLike, max_bytes: int | None = None, what: str = "file") -> bytes:
+    """Read a regular file with at most ``max_bytes`` bytes, with one-line errors naming it.
+
+    A device (``/dev/zero``), a named pipe or a folder is refused before it is read (reading one could hang or
+    never end), and at most ``max_bytes + 1`` bytes are ever read, so memory stays bounded even when the file
+    grows while it is read.
+
+    Args:
+        path: the file.
+        max_bytes: refuse larger files; ``None`` for no limit.
+        what: what the file is, for messages (e.g. ``"event file"``).
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: not a regular file, larger than ``max_bytes``, or unreadable.
+    """
+    import stat
+
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # O_NONBLOCK: opening a pipe never waits
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {path} not found") from None
+    except IsADirectoryError:
+        raise ValueError(f"{what} {path} is a folder, not a file") from None
+    except OSError as e:
+        raise ValueError(f"{what} {path}: cannot open it ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ValueError(f"{what} {path} is a folder, not a file")
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{what} {path} is not a regular file (a device, pipe or socket); give a file")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise ValueError(
+                f"{what} {path} is {st.st_size / 1024**2:.1f} MiB, more than the limit of "
+                f"{max_bytes / 1024**2:.1f} MiB (raise max_bytes to read it)"
+            )
+        chunks, total = [], 0
+        budget = None if max_bytes is None else max_bytes + 1
+        with os.fdopen(os.dup(fd), "rb") as f:
+            while True:
+                chunk = f.read(1 << 20 if budget is None else min(1 << 20, budget - total))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                total += len(chunk)
+                if budget is not None and total >= budget:
+                    raise ValueError(
+                        f"{what} {path} grew beyond the limit of {(budget - 1) / 1024**2:.1f} MiB while read"
+                    )
+        return b"".join(chunks)
+    except OSError as e:
+        raise ValueError(f"{what} {path}: cannot read it ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+class _DuplicateKey(ValueError):
+    """A repeated key found while parsing, re-raised with the source."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def loads_json(text: str | bytes, source: str = "JSON") -> Any:
+    """Parse JSON strictly, with one-line errors naming ``source``.
+
+    Unlike :func:`json.loads`, an object with a repeated key is refused (``json`` would silently keep the last
+    value, e.g. of two ``"videos"`` lists), and so is nesting deep enough to exhaust the parser's recursion.
+    ``NaN`` and ``Infinity`` are read as floats: the validator of the content names the key that holds one.
+
+    Args:
+        text: the JSON text (bytes must be UTF-8).
+        source: the file name or role, named in messages.
+
+    Raises:
+        ValueError: not UTF-8, not valid JSON (line and column named), a repeated key (named), or nested too
+            deeply.
+    """
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{source} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except _DuplicateKey as e:
+        raise ValueError(
+            f"{source}: key {short_repr(e.key)} appears twice in one object (JSON keeps only one of them); "
+            "remove the repeated key"
+        ) from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{source} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise ValueError(f"{source} is nested too deeply to parse") from None
+    except ValueError as e:  # e.g. an integer of thousands of digits (Python's int conversion limit)
+        raise ValueError(f"{source} is not valid JSON: {short_repr(str(e), 120)}") from None
+
+
+def read_json_file(
+    path: PathLike, max_bytes: int | None = 512 * 1024**2, what: str = "JSON file", source: str | None = None
+) -> Any:
+    """Read a JSON file: a regular file of at most ``max_bytes``, parsed strictly by :func:`loads_json`.
+
+    Args:
+        path: the file.
+        max_bytes: refuse larger files; ``None`` for no limit.
+        what: what the file is, for messages (``"event file"``).
+        source: how parse errors name the file (default ``"<what> <path>"``).
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: see :func:`read_regular_file` and :func:`loads_json`; one line naming the file.
+    """
+    return loads_json(read_regular_file(path, max_bytes, what), source or f"{what} {path}")
+
+
+def _make_parent(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in [path.parent, *path.parent.parents] if p.exists() and not p.is_dir()), path.parent)
+        raise NotADirectoryError(f"cannot write {path}: {blocker} is a file, not a folder") from None
+
+
 def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically and durably.
 
@@ -49,9 +198,12 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
 
     Returns:
         The destination path.
+
+    Raises:
+        NotADirectoryError: a file is in the way of the destination's folder (named in the message).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _make_parent(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         # mkstemp creates 0600 files; give the result the permissions a plain open() would

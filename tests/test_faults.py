@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from capped import TORCH_CAP_MB, memory_cap
 
 from monai_vce.labels import LABELS, NUM_LABELS
 
@@ -43,6 +44,9 @@ META = str(CONFIGS / "metadata.json")
 
 #: Environment of every subprocess: one thread each (reproducible numbers, no oversubscription of the cores).
 SUB_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+#: Address space of every subprocess (and of its DataLoader workers): a regression that makes a run allocate without
+#: bound fails that run instead of taking the machine down (see tests/capped.py).
+BUNDLE_CAP_MB = TORCH_CAP_MB
 
 #: Inference batch size; it divides every video's frame count, so batches never span two videos and an
 #: interrupted-and-resumed run sees exactly the batches of an uninterrupted one.
@@ -74,7 +78,9 @@ def _bundle_argv(step: str, configs: list[str], **overrides: object) -> list[str
 
 def _start(argv: list[str], log: Path) -> subprocess.Popen:
     f = open(log, "wb")  # noqa: SIM115 - closed by the child's end; the parent reads the file afterwards
-    return subprocess.Popen(argv, cwd=REPO, env=SUB_ENV, stdout=f, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        argv, cwd=REPO, env=SUB_ENV, stdout=f, stderr=subprocess.STDOUT, preexec_fn=memory_cap(BUNDLE_CAP_MB)
+    )
 
 
 def _wait_for(
@@ -99,7 +105,16 @@ def _sigkill(proc: subprocess.Popen) -> None:
 
 
 def _run(argv: list[str], timeout: float = 300, **kw: object) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, cwd=REPO, env=SUB_ENV, capture_output=True, text=True, timeout=timeout, **kw)
+    return subprocess.run(
+        argv,
+        cwd=REPO,
+        env=SUB_ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=memory_cap(BUNDLE_CAP_MB),
+        **kw,
+    )
 
 
 def _chain_text(exc: BaseException) -> str:
@@ -203,9 +218,23 @@ def test_training_sigkill_resumes_from_last_checkpoint(mini_galar: Path, tmp_pat
     )
     last = ckpt / "checkpoint_last.pt"
     log1 = tmp_path / "run1.log"
-    proc = _start(argv, log1)
-    _wait_for(last.is_file, proc, timeout=300, log=log1)
-    _sigkill(proc)
+    # once the first checkpoint exists, the training data pipeline holds: the run cannot reach the last epoch
+    # before the kill, however slow the test process is
+    release = tmp_path / "release"
+    gate = _gate_config(
+        tmp_path,
+        release,
+        when=f"__import__('os').path.exists({str(last)!r})",
+        key="train#dataset#transform",
+        preprocessing="@train#preprocessing",
+        name="train_gate",
+    )
+    proc = _start([*argv[:6], _config_arg([*TRAIN_CFG, gate]), *argv[7:]], log1)
+    try:
+        _wait_for(last.is_file, proc, timeout=300, log=log1)
+        _sigkill(proc)
+    finally:
+        release.touch()
 
     # the checkpoint present at the kill is complete and holds every piece of the training state
     state = torch.load(last, map_location="cpu", weights_only=True)
@@ -366,26 +395,6 @@ def test_checkpoint_write_failing_midway_keeps_previous(tmp_path: Path, monkeypa
 
 
 # --- inference killed ----------------------------------------------------------------------------------------
-def _slow_config(tmp_path: Path, seconds_per_frame: float) -> str:
-    """A config override that sleeps in the data pipeline, so that a kill lands inside a video."""
-    cfg = {
-        "slow_preprocessing": {
-            "_target_": "monai.transforms.Compose",
-            "transforms": [
-                "@preprocessing",
-                {
-                    "_target_": "monai.transforms.Lambda",
-                    "func": f"$lambda d: (__import__('time').sleep({seconds_per_frame}), d)[1]",
-                },
-            ],
-        },
-        "dataset#transform": "@slow_preprocessing",
-    }
-    path = tmp_path / "slow.json"
-    path.write_text(json.dumps(cfg))
-    return str(path)
-
-
 def _infer_argv(
     data_dir: Path, out_dir: Path, model: Path, extra_configs: list[str] = (), **overrides: object
 ) -> list[str]:
@@ -420,12 +429,19 @@ def test_inference_sigkill_resumes_at_first_incomplete_video(
     out = tmp_path / "out"
     probs = out / "probs"
     log = tmp_path / "killed.log"
-    proc = _start(_infer_argv(mini_galar, out, tiny_model, [_slow_config(tmp_path, 0.03)]), log)
-    _wait_for(lambda: probs.is_dir() and any(probs.glob("*.npz")), proc, timeout=300, log=log)
-    _sigkill(proc)
+    # the run is held inside video 2 (from its third batch on), so the kill lands there whatever the machine's
+    # speed: video 1 is complete (written when video 2 started), video 2 is not
+    release = tmp_path / "release"
+    gate = _gate_config(tmp_path, release, when="d['video_id'] == '2' and d['frame_index'] >= 100")
+    proc = _start(_infer_argv(mini_galar, out, tiny_model, [gate]), log)
+    try:
+        _wait_for(lambda: (probs / "1.npz").is_file(), proc, timeout=300, log=log)
+        _sigkill(proc)
+    finally:
+        release.touch()  # lets the orphaned loader workers finish and exit
 
     done = sorted(p.stem for p in probs.glob("*.npz"))
-    assert 1 <= len(done) < 4, f"the kill should land inside the run, found {done}"
+    assert done == ["1"], f"the kill should land inside video 2, found {done}"
     assert not (out / "events.json").exists()
     stamps = {}
     for vid in done:  # what exists is complete
@@ -562,25 +578,33 @@ def test_output_lock_refuses_a_second_run_and_recovers_from_a_killed_one(tmp_pat
     assert not lock.path.exists()
 
 
-def _gate_config(tmp_path: Path, release: Path) -> str:
-    """A config override that holds the data pipeline until the test creates ``release``.
+def _gate_config(
+    tmp_path: Path,
+    release: Path,
+    when: str = "True",
+    key: str = "dataset#transform",
+    preprocessing: str = "@preprocessing",
+    name: str = "gate",
+) -> str:
+    """A config override that holds the data pipeline, at the frames where ``when`` (an expression of the item ``d``)
+    is true, until the test creates ``release``.
 
-    Tests that need a run to be busy hold it at a known point this way instead of racing its speed.
+    Tests that need a run to be busy, or to stop at a known point, hold it this way instead of racing its speed.
     """
     wait = (
         f"[__import__('time').sleep(0.05) for _ in iter(lambda: __import__('os').path.exists({str(release)!r}), True)]"
     )
     cfg = {
-        "gated_preprocessing": {
+        f"{name}_preprocessing": {
             "_target_": "monai.transforms.Compose",
             "transforms": [
-                "@preprocessing",
-                {"_target_": "monai.transforms.Lambda", "func": f"$lambda d: ({wait}, d)[1]"},
+                preprocessing,
+                {"_target_": "monai.transforms.Lambda", "func": f"$lambda d: (({wait}) if ({when}) else None, d)[1]"},
             ],
         },
-        "dataset#transform": "@gated_preprocessing",
+        key: f"@{name}_preprocessing",
     }
-    path = tmp_path / "gate.json"
+    path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(cfg))
     return str(path)
 
@@ -627,7 +651,12 @@ def test_lock_take_over_is_atomic(tmp_path: Path) -> None:
     argv = [sys.executable, "-c", script, str(folder), str(go), str(end)]
     for trial in range(5):
         (folder / ".monai_vce.lock").write_text("999999999")  # a stale lock file, as a killed run leaves it
-        procs = [subprocess.Popen(argv, cwd=REPO, env=SUB_ENV, stdout=subprocess.PIPE, text=True) for _ in range(4)]
+        procs = [
+            subprocess.Popen(
+                argv, cwd=REPO, env=SUB_ENV, stdout=subprocess.PIPE, text=True, preexec_fn=memory_cap(TORCH_CAP_MB)
+            )
+            for _ in range(4)
+        ]
         try:
             assert [p.stdout.readline().strip() for p in procs] == ["ready"] * 4
             go.touch()  # all four try at once
@@ -1089,7 +1118,7 @@ def test_probability_file_with_pickled_objects_is_refused(tmp_path: Path) -> Non
         load_video_probs(path)
     assert npz_frame_count(path) is None
     # resume treats it as incomplete: the video is inferred again and the file replaced
-    assert completed_videos([{"video_id": "v1", "image": "x"}], tmp_path) == []
+    assert completed_videos([{"video_id": "v1", "image": "x", "frame_index": 0}], tmp_path) == []
     assert not marker.exists()
 
 
@@ -1104,12 +1133,12 @@ def test_hostile_event_json_is_refused_with_bounded_memory(tmp_path: Path) -> No
         f.truncate(1024**3)
     assert huge.stat().st_size > DEFAULT_MAX_BYTES
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: the machine's load does not count
     with pytest.raises(ValueError, match=r"1024\.0 MiB, more than the limit of 512\.0 MiB"):
         load_events(huge)
     with pytest.raises(ValueError, match="more than the limit"):
         temporal_map(huge, huge)
-    assert time.perf_counter() - t0 < 5
+    assert time.process_time() - t0 < 5
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 200 * 1024  # KiB: nothing was loaded
 
     # too many events (cap lowered so that the test stays small)

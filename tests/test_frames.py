@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -145,17 +146,22 @@ def test_prepare_batch_scales_on_device():
     assert label is None and image.dtype == torch.float32
 
 
-def test_pil_fallback_decoder_matches(tmp_path, monkeypatch):
-    import monai_vce.data.frames as frames
+def test_checked_decoder_gives_the_pixels_of_torchvision(tmp_path):
+    """The checked Pillow decoding of valid frames equals torchvision's ``decode_png`` (used before; it crashes the
+    process on damaged files, see tests/test_hardening.py), for 8-bit RGB and 16-bit grayscale frames."""
+    from torchvision.io import ImageReadMode, decode_png
+
+    from monai_vce.data.frames import _to_uint8, resize_frame
 
     arr = _rgb()
     p_rgb = _save(tmp_path / "rgb.png", arr)
     p16 = _save(tmp_path / "g16.png", np.asarray(arr[..., 2], dtype=np.uint16) * 257)
-    fast = [load_vce_frame(p, 24) for p in (p_rgb, p16)]
-    monkeypatch.setattr(frames, "_decode", frames._decode_pil)
-    slow = [load_vce_frame(p, 24) for p in (p_rgb, p16)]
-    for a, b in zip(fast, slow, strict=False):
-        assert torch.equal(a, b)
+    for p in (p_rgb, p16):
+        raw = torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8)
+        reference = resize_frame(_to_uint8(decode_png(raw, mode=ImageReadMode.RGB)), 24)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert torch.equal(load_vce_frame(p, 24), reference), p
     bad = tmp_path / "bad.png"
     bad.write_bytes((tmp_path / "rgb.png").read_bytes()[:200])
     with pytest.raises(ValueError, match=r"truncated or corrupted PNG frame .*bad\.png"):

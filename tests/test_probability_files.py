@@ -75,13 +75,39 @@ def test_every_key_is_checked_with_the_file_and_key_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"absent\.npz not found"):
         load_video_probs(tmp_path / "absent.npz")
     # a resumed inference recomputes a video whose file fails the checks
-    assert completed_videos([{"video_id": "missing"}] * 4, tmp_path) == []
+    assert completed_videos([{"video_id": "missing", "frame_index": i} for i in range(4)], tmp_path) == []
 
 
 def test_one_place_names_the_files_of_a_video(tmp_path):
     assert video_file_name("ukdd_navi_00051") == "ukdd_navi_00051.npz"
     assert video_file_name("1", ".png") == "1.png"
-    for bad in ("", ".", "..", "../x", "a/b", "a\\b", "a\0b"):
-        with pytest.raises(ValueError, match="cannot name a file"):
+    # any other id is made safe, never a path, and two ids never share a name
+    safe = {bad: video_file_name(bad) for bad in (".", "..", "../x", "a/b", "a_b", "a\\b", "a\0b", "v 1", "%")}
+    assert safe["a/b"] == "a%2Fb.npz" and safe["../x"] == "%2E.%2Fx.npz" and safe["%"] == "%25.npz"
+    assert len(set(safe.values())) == len(safe) and not any("/" in n or n.startswith(".") for n in safe.values())
+    assert probability_file(tmp_path, "v 1") == tmp_path / "v%201.npz"
+    for bad in ("", "x" * 201):
+        with pytest.raises(ValueError, match=r"non-empty|too long"):
             video_file_name(bad)
-    assert probability_file(tmp_path, "v 1") == tmp_path / "v 1.npz"
+
+
+def test_the_inferred_mask_of_reduced_inference(tmp_path):
+    video = _video("3", T=6)
+    assert load_video_probs(save_video_probs(tmp_path / "3.npz", video)).inferred is None  # full inference
+    video.inferred = np.array([1, 0, 0, 1, 0, 1], dtype=bool)
+    back = load_video_probs(save_video_probs(tmp_path / "3.npz", video, source="model|reduced(stride=2)"))
+    assert back.inferred is not None and back.inferred.dtype == np.bool_
+    np.testing.assert_array_equal(back.inferred, video.inferred)
+    video.inferred = np.ones(5, dtype=bool)
+    with pytest.raises(ValueError, match=r"video '3': 'inferred' must be 6 booleans"):
+        save_video_probs(tmp_path / "bad.npz", video)
+    good = {"probs": video.probs, "frame_index": video.frame_index, "frame_number": video.frame_number}
+    path = atomic_save_npz(tmp_path / "mask.npz", **good, labels=np.asarray(LABELS), inferred=np.ones(6, np.int64))
+    with pytest.raises(ValueError, match=r"mask\.npz: 'inferred' must be 6 booleans"):
+        load_video_probs(path)
+    # resume accepts one source or any of several
+    items = [{"video_id": "3", "frame_index": 20 + i, "frame_number": 100 + 5 * i} for i in range(6)]
+    assert completed_videos(items, tmp_path, source="model") == []
+    assert completed_videos(items, tmp_path, source="model|reduced(stride=2)") == ["3"]
+    assert completed_videos(items, tmp_path, source=("model", "model|reduced(stride=2)")) == ["3"]
+    assert completed_videos(items, tmp_path, source=["model", "model|reduced(stride=4)"]) == []

@@ -206,7 +206,7 @@ def test_large_video_renders_fast_with_bounded_artists():
     events = [_ev(int(s), int(s) + int(rng.integers(0, 40)), LABELS[8 + i % 9]) for i, s in enumerate(starts)]
     events += [_ev(0, 60_000, "small intestine"), _ev(60_001, n - 1, "colon")]
     probs = rng.random((n, 17), dtype=np.float32)
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # this process's CPU time: the machine's load does not inflate it
     fig = draw_timeline(
         "long",
         events,
@@ -218,8 +218,8 @@ def test_large_video_renders_fast_with_bounded_artists():
         )["per_video"]["long"],
     )
     png = figure_to_png(fig)
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 5.0, f"134,000-frame timeline took {elapsed:.1f} s"
+    elapsed = time.process_time() - t0
+    assert elapsed < 5.0, f"134,000-frame timeline took {elapsed:.1f} s of CPU"
     artists = sum(len(a.collections) + len(a.patches) + len(a.lines) for a in fig.axes)
     assert artists <= 3 * 17 + 10  # per lane: trace, predicted bars, ground-truth bars; never per frame
     ax = _lanes(fig)

@@ -11,6 +11,16 @@ above the level before the run must grow by less than ``LIMIT_MB`` between a 2,0
 video. The legitimate growth is about 1 KB per frame (measured: the (T, 17) probabilities and frame ids, and
 the decoder's per-video arrays, some 20 MB for the 18,000 extra frames); a pipeline keeping its network
 inputs (12 KB per 32 px float frame) exceeds the limit, which the control case checks.
+
+The measurement is noisy in one direction only: a run may hold more memory than it needs, never less. Sampled
+at every iteration on the loaded 2-core machine, the main process's resident level while frames stream is flat
+but sits anywhere between +6 and +16 MB above the level before the run, for 2,000 and for 20,000 frames alike (the
+allocator's state: one 20,000-frame run stepped from +7.6 to +13.5 MB midway), and the decoding at the end adds
+the legitimate +15 MB of a 20,000-frame video. The 2,000-to-20,000 difference measured 11-30 MB in four paired
+runs at load average 9-12, and a single run under heavier load has exceeded the limit without any leak. A leak
+grows with the frames in every run, so a comparison above the limit is measured again, twice at most, in fresh
+processes, and the smallest growth of each length counts: noise does not repeat, a leak does (the control shows
+it still fails).
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from capped import memory_cap
 from PIL import Image
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc to read memory use")
@@ -197,7 +208,10 @@ def _measure_in_subprocess(n_frames: int, pool: list[str], out_dir: Path, leak: 
         "print('GROWTH', t._measure(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5] == '1'))"
     )
     args = [str(Path(__file__).parent), str(n_frames), str(Path(pool[0]).parent), str(out_dir), "1" if leak else "0"]
-    res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600)
+    # under a memory cap: a leaking regression fails this run instead of exhausting the machine
+    res = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600, preexec_fn=memory_cap(8192)
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     print(res.stdout)
     return float(next(line for line in res.stdout.splitlines() if line.startswith("GROWTH")).split()[1])
@@ -206,6 +220,12 @@ def _measure_in_subprocess(n_frames: int, pool: list[str], out_dir: Path, leak: 
 def test_memory_bounded_from_2k_to_20k_frames(pool, tmp_path):
     short = _measure_in_subprocess(2_000, pool, tmp_path / "short")
     long = _measure_in_subprocess(20_000, pool, tmp_path / "long")
+    for attempt in range(2):  # noise is one-sided and does not repeat; a leak repeats (see the module docstring)
+        if long - short < LIMIT_MB:
+            break
+        print(f"growth {long - short:.1f} MB above the limit: measuring again ({attempt + 1}/2)")
+        short = min(short, _measure_in_subprocess(2_000, pool, tmp_path / f"short{attempt}"))
+        long = min(long, _measure_in_subprocess(20_000, pool, tmp_path / f"long{attempt}"))
     print(f"peak growth: 2,000 frames {short:.1f} MB, 20,000 frames {long:.1f} MB")
     assert long - short < LIMIT_MB, f"memory grew by {long - short:.1f} MB from 2,000 to 20,000 frames"
 

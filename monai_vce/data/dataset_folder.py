@@ -7,14 +7,15 @@ dataset is a datalist JSON file.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import cast
 
 from monai_vce.data.galar import build_galar_datalist, build_ground_truth, build_inference_datalist
+from monai_vce.events.probabilities import datalist_videos
 from monai_vce.events.units import FrameUnits
+from monai_vce.utils import read_json_file, short_repr
 
 __all__ = ["check_folder", "galar_datalist", "galar_ground_truth", "inference_datalist"]
 
@@ -69,11 +70,18 @@ def inference_datalist(dataset_dir: PathLike, videos: Iterable[str] | None = Non
     """
     path = Path(dataset_dir)
     if path.is_file() and path.suffix.lower() == ".json":
-        data = json.loads(path.read_text())
+        data = read_json_file(path, what="datalist file")  # strict: a repeated key is an error
         if isinstance(data, Mapping):
             data = data.get("testing", data.get("validation", data.get("data")))
-        if not isinstance(data, list) or not all(isinstance(d, Mapping) and "image" in d for d in data):
-            raise ValueError(f"datalist file {path}: expected a list of frame dicts with an 'image' key")
+        if not isinstance(data, list):
+            raise ValueError(f"datalist file {path}: expected a list of frame dicts (or {{'testing': [...]}})")
+        for i, d in enumerate(data):
+            if not isinstance(d, Mapping) or not isinstance(d.get("image"), str) or not d["image"]:
+                raise ValueError(
+                    f"datalist file {path}: item {i} must be a frame dict with an 'image' path, got {short_repr(d, 80)}"
+                )
+        # every item's video id and frame ids, one line naming the item when one is missing or out of range
+        datalist_videos(data, source=f"datalist file {path}")
         keep = None if videos is None else {str(v) for v in videos}
         return [dict(d) for d in data if keep is None or str(d.get("video_id")) in keep]
     root = Path(check_folder(path, "input folder"))

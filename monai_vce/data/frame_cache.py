@@ -48,6 +48,7 @@ from monai.transforms import apply_transform
 
 from monai_vce.data.frames import LoadVCEFrame
 from monai_vce.data.video import ensure_video_entries, video_entry_complete, video_files
+from monai_vce.events.probabilities import video_file_name
 from monai_vce.utils import atomic_write_json
 
 __all__ = ["FrameCache", "FrameCacheDataset", "CACHE_FORMAT_VERSION"]
@@ -113,16 +114,16 @@ class FrameCache:
 
     # --- paths and validity -------------------------------------------------------------------------------
     def array_path(self, video_id: str) -> Path:
-        """The finished array of ``video_id``."""
-        return self.root / f"{video_id}.npy"
+        """The finished array of ``video_id`` (named by :func:`monai_vce.events.video_file_name`: never a path)."""
+        return self.root / video_file_name(video_id, ".npy")
 
     def manifest_path(self, video_id: str) -> Path:
         """The manifest of ``video_id``; it exists only for a complete entry."""
-        return self.root / f"{video_id}.json"
+        return self.root / video_file_name(video_id, ".json")
 
     def partial_path(self, video_id: str) -> Path:
         """The array under construction; never read."""
-        return self.root / f".{video_id}.npy.partial"
+        return self.root / f".{video_file_name(video_id, '.npy.partial')}"
 
     def digest(self, paths: Sequence[str]) -> str:
         """SHA-256 of the frame paths in order (and, with ``check_file_sizes``, their file sizes)."""

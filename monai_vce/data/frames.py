@@ -24,13 +24,16 @@ bundle metadata (``network_data_format.inputs``)      ``uint8``, [0, 255]: what 
 A replaced ``network_def`` receives ``float32`` in [0, 1] from the bundle's engines (``prepare_batch``); only
 applications that call the network on the ``preprocessing`` output themselves hand it ``uint8``.
 
-Decoding uses ``torchvision.io.decode_png`` and the resize :func:`resize_frame`
+Every PNG frame is checked whole first (:func:`monai_vce.data.frame_checks.check_png`: its structure, the CRC-32 of
+every chunk, the pixel count its header declares), then decoded by Pillow, which reports damaged data as errors.
+torchvision's ``decode_png`` is not used: it crashes the whole process (a segmentation fault, taking the DataLoader
+worker or the run with it) on a PNG with one flipped bit or a wrong checksum. The resize is :func:`resize_frame`
 (``torchvision.transforms.v2.functional.resize`` on the ``uint8`` tensor, bilinear, antialiased): the one resize of
 training (after the random crop, :class:`monai_vce.data.transforms.RandResizedCropd`), validation and inference, so
-that the network sees frames resized the same way in all three. Measured on one core of the project's CPU machine, per frame
-to 224 px: 1.4 ms for a 336 px PNG (PIL decode + the same resize 1.6 ms, PIL decode and resize 2.0 ms) and
-3.0-3.5 ms for a 512 px PNG (3.8-3.9 ms, 4.5 ms). ``Image.draft`` does not help: it only applies to JPEG.
-Where torchvision's decoders are unavailable (they are deprecated in favour of torchcodec), PIL takes over.
+that the network sees frames resized the same way in all three. Decoding 8-bit RGB frames gives the same pixels as
+``decode_png`` (``tests/test_frames.py``); measured side by side per frame to 224 px on one core of the project's
+loaded CPU machine (load about 5), torchvision 5.8 ms and checks + Pillow 7.0 ms for a 336 px PNG, 8.2 ms and 7.3 ms
+for a 512 px one: the checksums cost 0.1-0.4 ms of it.
 
 Input handling (every frame is resized to ``image_size``, so frames of different sizes within one video
 are fine and batch together):
@@ -41,14 +44,15 @@ are fine and batch together):
 - a JPEG renamed ``.png`` is decoded as JPEG with one warning per process (``allow_jpeg=True``, the default:
   the content is a valid image, only the name is wrong) or rejected with a ``ValueError`` naming the file
   (``allow_jpeg=False``).
-- a zero-byte file, a truncated or corrupted PNG, or content that is neither PNG nor JPEG raises a
-  ``ValueError`` naming the file; a missing file raises ``FileNotFoundError`` naming it.
+- a zero-byte file, a truncated or corrupted PNG (a chunk whose CRC does not match: one flipped bit is enough), a
+  frame declaring more than ``max_pixels`` pixels (default 4096 x 4096, refused from its header before decoding),
+  or content that is neither PNG nor JPEG raises a ``ValueError`` naming the file (never its content); a missing
+  file or a broken link raises ``FileNotFoundError`` naming it.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import warnings
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
@@ -61,44 +65,16 @@ from monai.transforms import MapTransform, Transform
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
-__all__ = ["load_vce_frame", "resize_frame", "LoadVCEFrame", "LoadVCEFramed", "VCEPrepareBatch", "reset_frame_warnings"]
+from monai_vce.data.frame_checks import JPEG_SIGNATURE, PNG_SIGNATURE, check_png, decode_rgb, read_frame_bytes
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-JPEG_SIGNATURE = b"\xff\xd8\xff"
+__all__ = ["load_vce_frame", "resize_frame", "LoadVCEFrame", "LoadVCEFramed", "VCEPrepareBatch", "reset_frame_warnings"]
 
 # extensions of monai_vce.data.video.VIDEO_EXTENSIONS (not imported: that module imports this one)
 _VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".mpg", ".mpeg", ".wmv", ".ogv")
 
-# PNG IHDR colour types (PNG spec, section 11.2.2)
-_COLOR_TYPES = {0: "grayscale", 2: "rgb", 3: "palette", 4: "grayscale+alpha", 6: "rgba"}
 
-
-def _decode_pil(raw: torch.Tensor, fmt: str) -> torch.Tensor:
-    """PIL decoding to RGB ``(3, H, W)`` (``uint16`` for 16-bit grayscale); raises ``RuntimeError`` on bad data."""
-    import io
-
-    from PIL import Image
-
-    try:
-        im = Image.open(io.BytesIO(raw.numpy().tobytes()))
-        im.load()
-    except (OSError, SyntaxError, ValueError) as e:
-        raise RuntimeError(str(e)) from None
-    if im.mode.startswith("I"):  # 16-bit grayscale: PIL's own RGB conversion clips instead of scaling
-        a = torch.from_numpy(np.asarray(im, dtype=np.int32))
-        return a.expand(3, *a.shape).to(torch.uint16).contiguous()
-    return torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1).contiguous()
-
-
-try:  # fastest path; torchvision marks its decoders deprecated in favour of torchcodec, PIL takes over then
-    from torchvision.io import ImageReadMode, decode_jpeg, decode_png
-
-    def _decode(raw: torch.Tensor, fmt: str) -> torch.Tensor:
-        return (decode_png if fmt == "png" else decode_jpeg)(raw, mode=ImageReadMode.RGB)
-
-except ImportError:  # pragma: no cover - depends on the torchvision build
-    _decode = _decode_pil
-
+# largest side of a resized frame (a config's image_size): beyond it one frame alone would take gigabytes
+_MAX_SIDE = 8192
 
 # kinds of conversion already reported in this process: each kind warns once
 _WARNED: set[str] = set()
@@ -116,26 +92,7 @@ def _warn_once(kind: str, message: str) -> None:
 
 
 def _read_bytes(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"frame file not found: {path}") from None
-    except IsADirectoryError:
-        raise ValueError(f"frame path is a folder, not a PNG file: {path}") from None
-
-
-def _png_kind(data: bytes, path: str) -> tuple[int, str]:
-    """Bit depth and colour type name from the IHDR chunk (always the first chunk of a PNG)."""
-    if len(data) < 33 or data[12:16] != b"IHDR":
-        raise ValueError(f"truncated or corrupted PNG frame (no complete IHDR header, {len(data)} bytes): {path}")
-    return data[24], _COLOR_TYPES.get(data[25], f"colour type {data[25]}")
-
-
-def _reason(e: Exception) -> str:
-    """The decoder's message without the C++ source location torchvision puts in front of it."""
-    text = str(e).strip()
-    return re.sub(r"^.*?\.(?:cpp|h):\d+,\s*", "", text.splitlines()[-1]) if text else type(e).__name__
+    return read_frame_bytes(path)
 
 
 def _to_uint8(img: torch.Tensor) -> torch.Tensor:
@@ -150,6 +107,7 @@ def load_vce_frame(
     image_size: int | Sequence[int] | None = 224,
     allow_jpeg: bool = True,
     antialias: bool = True,
+    max_pixels: int | None = None,
 ) -> torch.Tensor:
     """Decode one frame file to an 8-bit RGB ``uint8`` tensor ``(3, H, W)``, resized to ``image_size``.
 
@@ -160,14 +118,17 @@ def load_vce_frame(
         allow_jpeg: decode JPEG content saved under a ``.png`` name (warning once per process) instead of
             raising.
         antialias: antialiased bilinear resize (matters when shrinking 512 px frames to 224 px).
+        max_pixels: largest accepted frame in pixels (default
+            :data:`~monai_vce.data.frame_checks.MAX_FRAME_PIXELS`, 4096 x 4096), checked from the header before
+            decoding.
 
     Returns:
         ``torch.uint8`` tensor of shape ``(3, H, W)``, contiguous.
 
     Raises:
-        FileNotFoundError: the file does not exist.
-        ValueError: the file is empty, truncated, corrupted, not a PNG (or a JPEG with ``allow_jpeg=False``);
-            the message names the file.
+        FileNotFoundError: the file does not exist (or is a broken link).
+        ValueError: the file is empty, truncated, corrupted (a PNG chunk whose CRC does not match), too large,
+            not a PNG (or a JPEG with ``allow_jpeg=False``); the message names the file.
     """
     path = os.fspath(path)
     if os.path.splitext(path)[1].lower() in _VIDEO_EXTENSIONS:
@@ -178,29 +139,25 @@ def load_vce_frame(
     data = _read_bytes(path)
     if not data:
         raise ValueError(f"empty frame file (0 bytes): {path}")
-    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     if data.startswith(PNG_SIGNATURE):
-        depth, color = _png_kind(data, path)
+        # the whole file is checked (structure, every chunk's CRC, pixel count) before a decoder sees it
+        depth, color = check_png(data, path, max_pixels)
         if depth == 16:
             _warn_once("16-bit", f"16-bit PNG frame {path}: converting to 8-bit RGB (reported once per process)")
         if color != "rgb":
             _warn_once(color, f"{color} PNG frame {path}: converting to 8-bit RGB (reported once per process)")
-        try:
-            img = _decode(raw, "png")
-        except RuntimeError as e:
-            raise ValueError(f"truncated or corrupted PNG frame {path}: {_reason(e)}") from None
+        rgb = decode_rgb(data, path, "png", max_pixels)
     elif data.startswith(JPEG_SIGNATURE):
         if not allow_jpeg:
             raise ValueError(f"frame {path} is a JPEG file, not a PNG (pass allow_jpeg=True to decode it anyway)")
         _warn_once(
             "jpeg", f"frame {path} holds JPEG data under a PNG name: decoding it as JPEG (reported once per process)"
         )
-        try:
-            img = _decode(raw, "jpeg")
-        except RuntimeError as e:
-            raise ValueError(f"truncated or corrupted JPEG frame {path}: {_reason(e)}") from None
+        rgb = decode_rgb(data, path, "jpeg", max_pixels)
     else:
-        raise ValueError(f"frame {path} is not a PNG file (first bytes {data[:8]!r})")
+        # the content itself is never echoed: a datalist may point anywhere
+        raise ValueError(f"frame {path} is not a PNG file (its content is neither PNG nor JPEG)")
+    img = torch.from_numpy(rgb).permute(2, 0, 1)
     return resize_frame(_to_uint8(img), image_size, antialias)
 
 
@@ -220,6 +177,8 @@ def resize_frame(img: torch.Tensor, image_size: int | Sequence[int] | None, anti
     """
     if image_size is not None:
         size = [int(image_size)] * 2 if isinstance(image_size, int) else [int(s) for s in image_size]
+        if len(size) != 2 or not all(1 <= s <= _MAX_SIDE for s in size):
+            raise ValueError(f"image_size must be one or two sides in [1, {_MAX_SIDE}] pixels, got {image_size!r}")
         if list(img.shape[-2:]) != size:
             img = TF.resize(img, size, interpolation=InterpolationMode.BILINEAR, antialias=antialias)
     return img.contiguous()
@@ -232,18 +191,28 @@ class LoadVCEFrame(Transform):
         image_size: output size (int or ``(H, W)``); ``None`` keeps the decoded size.
         allow_jpeg: decode JPEG content under a ``.png`` name with a warning instead of raising.
         antialias: antialiased bilinear resize.
+        max_pixels: largest accepted frame in pixels (default 4096 x 4096), checked before decoding.
     """
 
-    def __init__(self, image_size: int | Sequence[int] | None = 224, allow_jpeg: bool = True, antialias: bool = True):
+    def __init__(
+        self,
+        image_size: int | Sequence[int] | None = 224,
+        allow_jpeg: bool = True,
+        antialias: bool = True,
+        max_pixels: int | None = None,
+    ):
         self.image_size = image_size
         self.allow_jpeg = allow_jpeg
         self.antialias = antialias
+        self.max_pixels = max_pixels
 
     def __call__(self, path: str | os.PathLike | torch.Tensor | np.ndarray) -> torch.Tensor:
         if isinstance(path, (torch.Tensor, np.ndarray)):
             # already decoded (e.g. read from a FrameCacheDataset): only the size is brought in line
             return resize_frame(torch.as_tensor(path), self.image_size, self.antialias)
-        return load_vce_frame(path, self.image_size, allow_jpeg=self.allow_jpeg, antialias=self.antialias)
+        return load_vce_frame(
+            path, self.image_size, allow_jpeg=self.allow_jpeg, antialias=self.antialias, max_pixels=self.max_pixels
+        )
 
 
 class LoadVCEFramed(MapTransform):
@@ -261,6 +230,7 @@ class LoadVCEFramed(MapTransform):
         image_size: output size (int or ``(H, W)``); ``None`` keeps the decoded size.
         allow_jpeg: decode JPEG content under a ``.png`` name with a warning instead of raising.
         antialias: antialiased bilinear resize.
+        max_pixels: largest accepted frame in pixels (default 4096 x 4096), checked before decoding.
         allow_missing_keys: do not raise when a key is absent.
 
     Example::
@@ -276,9 +246,12 @@ class LoadVCEFramed(MapTransform):
         allow_jpeg: bool = True,
         antialias: bool = True,
         allow_missing_keys: bool = False,
+        max_pixels: int | None = None,
     ) -> None:
         super().__init__(keys, allow_missing_keys)
-        self.loader = LoadVCEFrame(image_size=image_size, allow_jpeg=allow_jpeg, antialias=antialias)
+        self.loader = LoadVCEFrame(
+            image_size=image_size, allow_jpeg=allow_jpeg, antialias=antialias, max_pixels=max_pixels
+        )
 
     def __call__(self, data: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
         d = dict(data)

@@ -23,16 +23,22 @@ the first examples, through :mod:`logging` and one :func:`warnings.warn` summary
   ``frame_0000049.png``): the first in sorted file-name order is kept;
 - two label rows with the same ``frame`` value: the first row is kept;
 - a video folder without a label CSV, or a label CSV without a video folder (only when the videos are
-  discovered rather than named): the video is skipped.
+  discovered rather than named): the video is skipped;
+- a frame file that is a broken link: skipped;
+- a frame that fails the image check (``check_images``) with ``bad_frames="skip"``: skipped (a gap in the video).
 
-Errors that always raise, naming the file: a missing label, ``index`` or ``frame`` column; a value other
-than 0/1 in a label column; a non-integer ``index``/``frame``; a video folder without any frame image;
-an unreadable or truncated image when images are checked (``check_images``).
+Errors that always raise, naming the file (and row or column): a label CSV or metadata file that is not UTF-8
+text; a missing label, ``index`` or ``frame`` column, or one of them given twice; a value other than 0/1 in a label
+column; an ``index``/``frame`` value that is not an integer in ``[0, 2**31 - 1]``; one ``index`` given to two rows
+of different frames; a frame file name whose number exceeds ``2**31 - 1``; a video folder without any frame image;
+an unreadable, truncated, corrupted or oversized image when images are checked (``check_images``, with the default
+``bad_frames="error"``).
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import os
 import re
@@ -44,11 +50,20 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from monai_vce.data.frame_checks import (
+    JPEG_SIGNATURE,
+    PNG_SIGNATURE,
+    check_png,
+    decode_rgb,
+    image_size,
+    read_frame_bytes,
+)
+from monai_vce.data.frame_checks import check_pixels as _check_pixels
 from monai_vce.data.video import is_video_file, list_video_frames, probe_video, verify_video
 from monai_vce.events.ground_truth import ground_truth_events
-from monai_vce.events.units import FrameUnits, as_frame_units
+from monai_vce.events.units import MAX_FRAME_ID, FrameUnits, as_frame_units
 from monai_vce.labels import LABELS, NUM_LABELS
-from monai_vce.utils import natural_key
+from monai_vce.utils import natural_key, read_regular_file, short_repr
 
 __all__ = [
     "FRAME_FILE_PATTERN",
@@ -194,30 +209,55 @@ def list_frames(video_dir: PathLike) -> tuple[np.ndarray, list[str], list[tuple[
     Returns:
         ``(numbers, paths, duplicates)``: frame numbers (int64, increasing, unique), the matching image
         paths, and for each frame number carried by several files, ``(number, [dropped file names])``
-        (the first file in sorted name order is kept).
+        (the first file in sorted name order is kept). Frame files that are broken links are left out with a
+        warning naming them (the dataset builders count them in their reports).
 
     Raises:
         FileNotFoundError: when the folder does not exist.
-        ValueError: when the folder holds no frame image (``frame_<number>.png``).
+        ValueError: when the folder holds no frame image (``frame_<number>.png``), or a frame file name carries a
+            number above ``2**31 - 1`` (naming the file).
     """
+    numbers, paths, duplicates, broken = _list_frames(video_dir)
+    if broken:
+        warnings.warn(
+            f"video folder {video_dir}: {len(broken)} frame files are broken links (skipped), e.g. {broken[:_EXAMPLES]}",
+            stacklevel=2,
+        )
+    return numbers, paths, duplicates
+
+
+def _list_frames(video_dir: PathLike) -> tuple[np.ndarray, list[str], list[tuple[int, list[str]]], list[str]]:
+    """:func:`list_frames` plus the names of the frame files that are broken links."""
     folder = Path(video_dir)
 
     if is_video_file(folder) and folder.is_file():  # an exam stored as a video file: decoded positions
-        return list_video_frames(folder)
+        return (*list_video_frames(folder), [])
     if not folder.is_dir():
         raise FileNotFoundError(f"video folder not found: {folder}")
     names: list[str] = []
+    broken: list[str] = []
     with os.scandir(folder) as it:
         for e in it:
-            if FRAME_FILE_PATTERN.match(e.name) and e.is_file():
-                names.append(e.name)
+            if FRAME_FILE_PATTERN.match(e.name):
+                if e.is_file():
+                    names.append(e.name)
+                elif e.is_symlink() and not os.path.exists(e.path):
+                    broken.append(e.name)
     if not names:
         raise ValueError(
             f"video folder {folder} contains no frame image (expected files named frame_<number>.png, "
             f"any case, e.g. frame_000100.PNG)"
+            + (f"; {len(broken)} frame files are broken links, e.g. {sorted(broken)[:_EXAMPLES]}" if broken else "")
         )
     names.sort()
-    numbers = np.fromiter((parse_frame_number(n) for n in names), dtype=np.int64, count=len(names))
+    parsed = [parse_frame_number(n) or 0 for n in names]
+    if max(parsed) > MAX_FRAME_ID:
+        bad = names[int(np.argmax(np.asarray(parsed, dtype=object) > MAX_FRAME_ID))]
+        raise ValueError(
+            f"frame file {folder / bad}: its frame number has {len(str(parse_frame_number(bad)))} digits, more than "
+            f"the largest frame id {MAX_FRAME_ID}; rename the file (frame_<number>.png)"
+        )
+    numbers = np.asarray(parsed, dtype=np.int64)
     order = np.argsort(numbers, kind="stable")  # stable: among equal numbers, sorted-name order is kept
     numbers = numbers[order]
     names = [names[i] for i in order]
@@ -232,60 +272,75 @@ def list_frames(video_dir: PathLike) -> tuple[np.ndarray, list[str], list[tuple[
             else:
                 duplicates.append((num, [names[pos]]))
     paths = [str(folder / n) for n, k in zip(names, keep, strict=False) if k]
-    return numbers[keep], paths, duplicates
+    return numbers[keep], paths, duplicates, sorted(broken)
 
 
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def verify_frames(paths: Sequence[PathLike], mode: str = "decode") -> None:
+def verify_frames(paths: Sequence[PathLike], mode: str = "decode", max_pixels: int | None = None) -> None:
     """Check that frame images can be read; raise naming the first file that cannot.
+
+    The checks are the frame loader's (:mod:`monai_vce.data.frame_checks`), so a frame that passes ``"decode"`` is
+    one the loader decodes.
 
     Args:
         paths: image files.
-        mode: ``"decode"`` decodes every image completely (finds truncated files; slow on millions of
-            frames), ``"header"`` only reads the file signature and header (fast; finds empty, non-image
-            and mis-named files).
+        mode: ``"decode"`` checks every file whole (the PNG structure, the CRC-32 of every chunk, so a single
+            flipped bit is found) and decodes it (slow on millions of frames); ``"header"`` only reads the file
+            signature and header (fast; finds empty, non-image, mis-named and oversized files).
+        max_pixels: largest accepted frame in pixels (default 4096 x 4096).
 
     Raises:
-        ValueError: naming the unreadable, truncated or corrupt file and the reason.
+        ValueError: naming the unreadable, truncated, corrupt or oversized file and the reason.
     """
+    bad = _bad_frames(paths, mode, max_pixels, first_only=True)
+    if bad:
+        raise ValueError(bad[0][1])
+
+
+def _bad_frames(
+    paths: Sequence[PathLike], mode: str, max_pixels: int | None, first_only: bool = False
+) -> list[tuple[int, str]]:
+    """``[(position, message)]`` of the frames of ``paths`` that fail the checks of ``mode``."""
     if mode not in ("decode", "header"):
         raise ValueError(f"mode must be 'decode' or 'header', got {mode!r}")
-
-    videos = list(dict.fromkeys(os.fspath(p) for p in paths if is_video_file(p)))
-    if videos:  # frames of a video file: the container is checked once ("header") or decoded whole ("decode")
-        for v in videos:
-            (verify_video if mode == "decode" else probe_video)(v)
-        paths = [p for p in paths if not is_video_file(p)]
-    from PIL import ImageFile
-
-    # a process-wide "load truncated images" switch set elsewhere must not hide truncated frames here
-    tolerant, ImageFile.LOAD_TRUNCATED_IMAGES = ImageFile.LOAD_TRUNCATED_IMAGES, False
-    try:
-        _verify(paths, mode)
-    finally:
-        ImageFile.LOAD_TRUNCATED_IMAGES = tolerant
-
-
-def _verify(paths: Sequence[PathLike], mode: str) -> None:
-    from PIL import Image
-
-    for p in paths:
+    out: list[tuple[int, str]] = []
+    checked_videos: set[str] = set()
+    for i, p in enumerate(paths):
+        path = os.fspath(p)
         try:
-            if mode == "header":
-                with open(p, "rb") as f:
-                    head = f.read(8)
-                if head != _PNG_SIGNATURE:
-                    raise OSError("not a PNG file (bad signature)" if head else "empty file")
-                with Image.open(p) as im:
-                    if im.size[0] <= 0 or im.size[1] <= 0:
-                        raise OSError(f"invalid image size {im.size}")
-            else:
-                with Image.open(p) as im:
-                    im.load()
-        except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, zlib errors...
-            raise ValueError(f"unreadable or truncated image file {p}: {type(e).__name__}: {e}") from None
+            if is_video_file(path):  # frames of a video file: the container is checked once ("header") or decoded
+                if path not in checked_videos:
+                    checked_videos.add(path)
+                    (verify_video if mode == "decode" else probe_video)(path)
+                continue
+            _check_frame_file(path, mode, max_pixels)
+        except (OSError, ValueError) as e:
+            reason = str(e).replace(f": {path}", "").replace(f" {path}", "")
+            out.append((i, f"unreadable or truncated image file {path}: {reason}"))
+            if first_only:
+                break
+    return out
+
+
+def _check_frame_file(path: str, mode: str, max_pixels: int | None) -> None:
+    if mode == "header":
+        head = read_frame_bytes(path, 64 * 1024)  # a JPEG's frame header may follow its metadata
+        if not head:
+            raise ValueError(f"empty file (0 bytes): {path}")
+        if not head.startswith(PNG_SIGNATURE):
+            raise ValueError(f"not a PNG file (bad signature): {path}")
+        width, height = image_size(head, path)
+        _check_pixels(width, height, path, max_pixels)
+        return
+    data = read_frame_bytes(path)
+    if not data:
+        raise ValueError(f"empty file (0 bytes): {path}")
+    if data.startswith(PNG_SIGNATURE):
+        check_png(data, path, max_pixels)
+        decode_rgb(data, path, "png", max_pixels)
+    elif data.startswith(JPEG_SIGNATURE):
+        decode_rgb(data, path, "jpeg", max_pixels)
+    else:
+        raise ValueError(f"neither PNG nor JPEG content: {path}")
 
 
 # ---------------------------------------------------------------------------------------------- label CSV
@@ -312,16 +367,65 @@ class LabelTable:
 
 
 def _int_column(values: np.ndarray, name: str, path: Path) -> np.ndarray:
-    try:
-        return values.astype(np.int64)
-    except ValueError:
-        pass
-    for r, v in enumerate(values):
+    """A column of frame ids as int64, every value an integer in ``[0, 2**31 - 1]`` (the message names the row)."""
+    # at most 10 digits (an optional sign aside): the cheap vectorised conversion can then neither fail silently
+    # nor overflow; anything else is found and named below
+    ok = np.char.isdigit(values) & (np.char.str_len(values) <= 10)
+    if ok.all():
+        out = values.astype(np.int64)
+        if not len(out) or out.max() <= MAX_FRAME_ID:
+            return out
+    for r, v in enumerate(values.tolist()):
+        text = str(v)
         try:
-            int(v)
+            number = int(text)
         except ValueError:
-            raise ValueError(f"{path}: data row {r + 1}, column {name!r}: value {str(v)!r} is not an integer") from None
-    raise ValueError(f"{path}: column {name!r} holds values that are not integers")  # pragma: no cover
+            raise ValueError(
+                f"{path}: data row {r + 1}, column {name!r}: value {short_repr(text, 40)} is not an integer"
+            ) from None
+        if not 0 <= number <= MAX_FRAME_ID:
+            raise ValueError(
+                f"{path}: data row {r + 1}, column {name!r}: value {short_repr(text, 40)} is not a frame id "
+                f"(an integer in [0, {MAX_FRAME_ID}])"
+            )
+    raise AssertionError("unreachable: every value was checked")  # pragma: no cover
+
+
+def _check_index(index: np.ndarray, frame: np.ndarray, path: Path) -> None:
+    """Refuse an ``index`` value given to two rows of different ``frame`` (which of them the ground truth holds at that
+    index is unknown). Rows repeating a whole row (same index, same frame) follow the repeated-frame policy."""
+    order = np.lexsort((frame, index))
+    same_index = index[order][1:] == index[order][:-1]
+    other_frame = frame[order][1:] != frame[order][:-1]
+    clash = np.flatnonzero(same_index & other_frame)
+    if clash.size:
+        a, b = sorted((int(order[clash[0]]), int(order[clash[0] + 1])))
+        raise ValueError(
+            f"{path}: data rows {a + 1} and {b + 1} both have index {int(index[a])} but frames {int(frame[a])} and "
+            f"{int(frame[b])}; each index names one frame (fix or remove one of the rows)"
+        )
+
+
+#: Largest label CSV read (bytes); the 80 Galar CSVs are at most a few MB each.
+MAX_LABEL_CSV_BYTES = 1024**3
+
+
+def _csv_rows(path: Path, max_bytes: int | None = MAX_LABEL_CSV_BYTES) -> list[list[str]]:
+    """The non-blank rows of a CSV file, with one-line errors naming the file for what ``csv`` would raise."""
+    data = read_regular_file(path, max_bytes, "label file")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ValueError(
+            f"{path}: not UTF-8 text (byte {e.start}, line {line}); save the file as UTF-8 (e.g. from a "
+            "spreadsheet: CSV UTF-8)"
+        ) from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        return [r for r in reader if r and any(c.strip() for c in r)]
+    except csv.Error as e:  # e.g. a field over csv's size limit, a NUL byte
+        raise ValueError(f"{path}: line {reader.line_num}: not a readable CSV row ({e})") from None
 
 
 def read_label_csv(path: PathLike, video_id: str | None = None) -> LabelTable:
@@ -330,36 +434,42 @@ def read_label_csv(path: PathLike, video_id: str | None = None) -> LabelTable:
     Header names are matched after lower-casing, trimming and replacing ``_`` by a blank, so ``Small
     Intestine`` and ``small_intestine`` both match ``small intestine``. Columns other than ``index``,
     ``frame`` and the 17 labels are ignored. Label values must be ``0`` or ``1`` (``0.0``/``1.0`` are
-    accepted).
+    accepted); ``index`` and ``frame`` values integers in ``[0, 2**31 - 1]``.
 
     Args:
-        path: the CSV file.
+        path: the CSV file (UTF-8).
         video_id: the video id; defaults to the file stem.
 
     Raises:
         FileNotFoundError: when the file does not exist.
-        ValueError: naming the file and the column (and row/index for values) for a missing ``index``,
-            ``frame`` or label column, a ragged row, a non-0/1 label value or a non-integer frame number.
+        ValueError: naming the file and the column (and row/index for values) for a file that is not UTF-8 text
+            or not a regular file, a missing ``index``, ``frame`` or label column, a column given twice, a ragged
+            row, a non-0/1 label value, a frame id that is not an integer in ``[0, 2**31 - 1]``, or an ``index``
+            given to two rows of different frames.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"label file not found: {path}")
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        rows = [r for r in csv.reader(f) if r and any(c.strip() for c in r)]
+    rows = _csv_rows(path)
     if not rows:
         raise ValueError(f"{path}: empty label file (expected a header with 'index', the labels and 'frame')")
     header = [_norm_header(h) for h in rows[0]]
     col: dict[str, int] = {}
     for i, h in enumerate(header):
-        col.setdefault(h, i)  # a repeated header name: the first column wins
+        if h in col and h in _USED_COLUMNS:
+            raise ValueError(
+                f"{path}: column {short_repr(rows[0][i], 40)} appears twice in the header (columns {col[h] + 1} and "
+                f"{i + 1}); which one holds the values is unknown: remove one"
+            )
+        col.setdefault(h, i)
     for required in ("index", "frame"):
         if required not in col:
-            raise ValueError(f"{path}: missing column {required!r} (header: {', '.join(rows[0])})")
+            raise ValueError(f"{path}: missing column {required!r} (header: {short_repr(', '.join(rows[0]), 200)})")
     missing = [name for name in LABELS if name not in col]
     if missing:
         raise ValueError(
             f"{path}: missing label column{'s' if len(missing) > 1 else ''} {', '.join(repr(m) for m in missing)} "
-            f"(header: {', '.join(rows[0])})"
+            f"(header: {short_repr(', '.join(rows[0]), 200)})"
         )
     body = rows[1:]
     width = len(rows[0])
@@ -371,6 +481,7 @@ def read_label_csv(path: PathLike, video_id: str | None = None) -> LabelTable:
     table = np.char.strip(table) if table.size else table
     index = _int_column(table[:, col["index"]], "index", path)
     frame = _int_column(table[:, col["frame"]], "frame", path)
+    _check_index(index, frame, path)
     label_cols = [col[name] for name in LABELS]
     raw = table[:, label_cols]
     ones = (raw == "1") | (raw == "1.0")
@@ -379,7 +490,8 @@ def read_label_csv(path: PathLike, video_id: str | None = None) -> LabelTable:
     if bad.any():
         r, c = (int(x) for x in np.argwhere(bad)[0])
         raise ValueError(
-            f"{path}: data row {r + 1} (index {index[r]}), column {LABELS[c]!r}: value {str(raw[r, c])!r} is not 0 or 1"
+            f"{path}: data row {r + 1} (index {index[r]}), column {LABELS[c]!r}: value {short_repr(str(raw[r, c]), 40)} "
+            "is not 0 or 1"
         )
     return LabelTable(
         video_id=str(video_id) if video_id is not None else path.stem,
@@ -388,6 +500,10 @@ def read_label_csv(path: PathLike, video_id: str | None = None) -> LabelTable:
         frame=frame,
         labels=ones.astype(np.float32).reshape(len(body), NUM_LABELS),
     )
+
+
+#: Normalised header names of the columns the reader uses (a repeated one is an error; other repeats are ignored).
+_USED_COLUMNS = frozenset(("index", "frame", *LABELS))
 
 
 # ----------------------------------------------------------------------------------------------- metadata
@@ -416,12 +532,20 @@ def read_metadata(path: PathLike) -> dict[str, str]:
         ValueError: when the id or capsule column cannot be identified, naming the file and its header.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"metadata file not found: {path}")
-    text = path.read_text(encoding="utf-8-sig")
+    data = read_regular_file(path, MAX_LABEL_CSV_BYTES, "metadata file")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}); save the file as UTF-8") from None
     first = text.splitlines()[0] if text.strip() else ""
     delim = max((",", ";", "\t"), key=first.count)
-    rows = [r for r in csv.reader(text.splitlines(), delimiter=delim) if r and any(c.strip() for c in r)]
+    reader = csv.reader(text.splitlines(), delimiter=delim)
+    try:
+        rows = [r for r in reader if r and any(c.strip() for c in r)]
+    except csv.Error as e:
+        raise ValueError(f"{path}: line {reader.line_num}: not a readable CSV row ({e})") from None
     if not rows:
         raise ValueError(f"{path}: empty metadata file")
     header = [_norm_header(h).replace("-", " ") for h in rows[0]]
@@ -476,6 +600,9 @@ class VideoReport:
             several files (first file kept).
         duplicate_rows: count and first ``(frame, index)`` of repeated ``frame`` values in the CSV (first row
             kept).
+        broken_links: count and first names of frame files that are broken links (skipped).
+        bad_frames: count and first messages of frames failing ``check_images`` (skipped with
+            ``bad_frames="skip"``).
     """
 
     video_id: str
@@ -486,13 +613,24 @@ class VideoReport:
     rows_without_frame: dict = field(default_factory=lambda: {"count": 0, "examples": []})
     duplicate_frames: dict = field(default_factory=lambda: {"count": 0, "examples": []})
     duplicate_rows: dict = field(default_factory=lambda: {"count": 0, "examples": []})
+    broken_links: dict = field(default_factory=lambda: {"count": 0, "examples": []})
+    bad_frames: dict = field(default_factory=lambda: {"count": 0, "examples": []})
 
-    _KINDS: ClassVar[tuple[str, ...]] = ("unlabeled_frames", "rows_without_frame", "duplicate_frames", "duplicate_rows")
+    _KINDS: ClassVar[tuple[str, ...]] = (
+        "unlabeled_frames",
+        "rows_without_frame",
+        "duplicate_frames",
+        "duplicate_rows",
+        "broken_links",
+        "bad_frames",
+    )
     _WORDS: ClassVar[dict[str, str]] = {
         "unlabeled_frames": "frame images without a label row (dropped)",
         "rows_without_frame": "label rows without a frame image (dropped)",
         "duplicate_frames": "frame numbers carried by several image files (first file kept)",
         "duplicate_rows": "frame numbers repeated in the label CSV (first row kept)",
+        "broken_links": "frame files that are broken links (skipped)",
+        "bad_frames": "unreadable, corrupted or oversized frame files (skipped, bad_frames='skip')",
     }
 
     @property
@@ -610,6 +748,28 @@ def _load_metadata(metadata_csv: PathLike | dict[str, str] | None) -> dict[str, 
     return _capsule_lookup(read_metadata(metadata_csv))
 
 
+def _check_bad_frames_policy(bad_frames: str) -> str:
+    if bad_frames not in ("error", "skip"):
+        raise ValueError(f"bad_frames must be 'error' or 'skip', got {bad_frames!r}")
+    return bad_frames
+
+
+def _drop_bad_frames(
+    paths: Sequence[str], check: str | None, bad_frames: str, max_pixels: int | None, rep: VideoReport
+) -> np.ndarray:
+    """Positions of the frames of ``paths`` to keep: all, or those passing the check (``bad_frames="skip"``)."""
+    keep = np.ones(len(paths), dtype=bool)
+    if not check:
+        return keep
+    bad = _bad_frames(paths, check, max_pixels, first_only=bad_frames == "error")
+    if bad and bad_frames == "error":
+        raise ValueError(bad[0][1] + " (bad_frames='skip' leaves such frames out and reports them)")
+    for i, _ in bad:
+        keep[i] = False
+    rep.bad_frames = {"count": len(bad), "examples": [m for _, m in bad[:_EXAMPLES]]}
+    return keep
+
+
 def _check_mode(check_images: bool | str) -> str | None:
     if check_images is True:
         return "decode"
@@ -621,11 +781,18 @@ def _check_mode(check_images: bool | str) -> str | None:
 
 
 def _align_video(
-    video_id: str, folder: Path, table: LabelTable, check: str | None, capsule: str
+    video_id: str,
+    folder: Path,
+    table: LabelTable,
+    check: str | None,
+    capsule: str,
+    bad_frames: str = "error",
+    max_pixels: int | None = None,
 ) -> tuple[list[dict], VideoReport]:
-    numbers, paths, dup_files = list_frames(folder)
+    numbers, paths, dup_files, broken = _list_frames(folder)
     rep = VideoReport(video_id=video_id, n_frames=len(numbers), n_rows=len(table))
     rep.duplicate_frames = {"count": sum(len(d[1]) for d in dup_files), "examples": _examples(dup_files)}
+    rep.broken_links = {"count": len(broken), "examples": broken[:_EXAMPLES]}
 
     # duplicate `frame` values in the CSV: keep the first row of each frame number
     order = np.argsort(table.frame, kind="stable")
@@ -658,7 +825,8 @@ def _align_video(
     img_idx = np.flatnonzero(matched)
     row_idx = rows[pos_c[img_idx]]
     if check:
-        verify_frames([paths[i] for i in img_idx], mode=check)
+        keep = _drop_bad_frames([paths[i] for i in img_idx], check, bad_frames, max_pixels, rep)
+        img_idx, row_idx = img_idx[keep], row_idx[keep]
     labels = table.labels[row_idx].tolist()
     findex = table.index[row_idx].tolist()
     fnum = numbers[img_idx].tolist()
@@ -693,6 +861,8 @@ def build_galar_datalist(
     *,
     strict: bool = False,
     check_images: bool | str = False,
+    bad_frames: str = "error",
+    max_pixels: int | None = None,
     return_report: bool = False,
 ) -> list[dict] | tuple[list[dict], GalarReport]:
     """Build the labelled datalist of Galar videos: one dict per frame with an image and a label row.
@@ -711,7 +881,12 @@ def build_galar_datalist(
             with only one of them are reported and skipped). Named videos must have both.
         strict: raise ``ValueError`` on any reported inconsistency instead of warning.
         check_images: ``False`` (default; decoding millions of frames is slow), ``True``/``"decode"`` to
-            decode every image, ``"header"`` for a fast signature check; a bad file raises naming it.
+            check every image whole (structure, checksums) and decode it, ``"header"`` for a fast signature and
+            size check (see :func:`verify_frames`).
+        bad_frames: what a frame failing ``check_images`` does: ``"error"`` (default) raises naming the file,
+            ``"skip"`` leaves it out of the datalist and reports it per video (``bad_frames`` in the report; the
+            frame becomes a gap, as a missing frame number does).
+        max_pixels: largest accepted frame in pixels (default 4096 x 4096) for ``check_images``.
         return_report: also return the :class:`GalarReport`.
 
     Returns:
@@ -721,6 +896,7 @@ def build_galar_datalist(
     if not labels_dir.is_dir():
         raise FileNotFoundError(f"labels folder not found: {labels_dir}")
     check = _check_mode(check_images)
+    _check_bad_frames_policy(bad_frames)
     found = discover_videos(frames_dir)
     csvs = _label_files(labels_dir)
     report = GalarReport()
@@ -739,7 +915,7 @@ def build_galar_datalist(
     datalist: list[dict] = []
     for vid, folder in selected.items():
         table = read_label_csv(csvs[vid], video_id=vid)
-        items, rep = _align_video(vid, folder, table, check, _capsule_of(capsules, vid))
+        items, rep = _align_video(vid, folder, table, check, _capsule_of(capsules, vid), bad_frames, max_pixels)
         report.videos[vid] = rep
         datalist.extend(items)
     _raise_or_warn(report, strict, f"Galar datalist from {frames_dir}")
@@ -753,6 +929,8 @@ def build_inference_datalist(
     *,
     check_images: bool | str = False,
     frame_index: str = "number",
+    bad_frames: str = "error",
+    max_pixels: int | None = None,
 ) -> list[dict]:
     """Build an unlabeled datalist (no ``label`` key) of every frame image of one or several videos.
 
@@ -768,6 +946,8 @@ def build_inference_datalist(
         videos: video ids to include (``None``: all found).
         metadata_csv: optional ``metadata.csv`` path or ``{video_id: capsule}``.
         check_images: as in :func:`build_galar_datalist`.
+        bad_frames: as in :func:`build_galar_datalist` (``"skip"``: a bad frame is left out, with a warning).
+        max_pixels: as in :func:`build_galar_datalist`.
         frame_index: without a label CSV there are no ``index`` values: ``"number"`` (default) sets
             ``frame_index`` to the frame number of the file name, ``"position"`` to the 0-based position
             of the frame in frame order.
@@ -780,6 +960,7 @@ def build_inference_datalist(
         raise ValueError(f"frame_index must be 'number' or 'position', got {frame_index!r}")
     frames_dir = Path(frames_dir)
     check = _check_mode(check_images)
+    _check_bad_frames_policy(bad_frames)
     selected = _select_videos(discover_videos(frames_dir), videos, frames_dir)
     if not selected:
         raise ValueError(f"no video folder found under {frames_dir}")
@@ -787,15 +968,21 @@ def build_inference_datalist(
     report = GalarReport()
     datalist: list[dict] = []
     for vid, folder in selected.items():
-        numbers, paths, dups = list_frames(folder)
-        if dups:
-            rep = VideoReport(video_id=vid, n_frames=len(numbers), n_items=len(numbers))
-            rep.duplicate_frames = {"count": sum(len(d[1]) for d in dups), "examples": _examples(dups)}
+        numbers, paths, dups, broken = _list_frames(folder)
+        rep = VideoReport(video_id=vid, n_frames=len(numbers), n_items=len(numbers))
+        rep.duplicate_frames = {"count": sum(len(d[1]) for d in dups), "examples": _examples(dups)}
+        rep.broken_links = {"count": len(broken), "examples": broken[:_EXAMPLES]}
+        # positions are counted before bad frames are left out: a skipped frame is a gap, as a missing file is
+        position = numbers if frame_index == "number" else np.arange(len(numbers), dtype=np.int64)
+        keep = _drop_bad_frames(paths, check, bad_frames, max_pixels, rep)
+        if not keep.all():
+            numbers, position = numbers[keep], position[keep]
+            paths = [p for p, k in zip(paths, keep.tolist(), strict=True) if k]
+            rep.n_items = len(paths)
+        if not rep.ok:
             report.videos[vid] = rep
-        if check:
-            verify_frames(paths, mode=check)
         capsule = _capsule_of(capsules, vid)
-        idx = numbers.tolist() if frame_index == "number" else list(range(len(numbers)))
+        idx = position.tolist()
         datalist.extend(
             {"image": p, "video_id": vid, "frame_index": i, "frame_number": n, "capsule": capsule}
             for p, i, n in zip(paths, idx, numbers.tolist(), strict=False)

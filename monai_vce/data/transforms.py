@@ -265,14 +265,14 @@ def _check_output_dtype(output_dtype: str) -> None:
         raise ValueError(f"output_dtype must be one of {_OUTPUT_DTYPES}, got {output_dtype!r}")
 
 
-def vce_load_transforms(image_size: int | None = 224, image_key: str = "image") -> list:
+def vce_load_transforms(image_size: int | None = 224, image_key: str = "image", max_pixels: int | None = None) -> list:
     """Decode a frame file to a ``uint8`` (3, H, W) RGB tensor resized to ``image_size`` (``None``: keep the size).
 
     Decoding is :class:`monai_vce.data.LoadVCEFramed` (checked PNG decoding, the antialiased ``uint8`` resize of
     :func:`monai_vce.data.frames.resize_frame`), so training, validation and inference see frames decoded and
-    resized the same way.
+    resized the same way. ``max_pixels`` is the largest accepted frame (default 4096 x 4096 pixels).
     """
-    return [LoadVCEFramed(keys=image_key, image_size=image_size)]
+    return [LoadVCEFramed(keys=image_key, image_size=image_size, max_pixels=max_pixels)]
 
 
 def _finalise(image_key: str, label_key: str, output_dtype: str, scale: float) -> list:
@@ -300,7 +300,11 @@ def _label_to_tensor(label_key: str) -> EnsureTyped:
 
 
 def vce_val_transforms(
-    image_size: int = 224, output_dtype: str = "uint8", image_key: str = "image", label_key: str = "label"
+    image_size: int = 224,
+    output_dtype: str = "uint8",
+    image_key: str = "image",
+    label_key: str = "label",
+    max_pixels: int | None = None,
 ) -> Compose:
     """Deterministic pipeline for validation and inference: decode, resize, cast.
 
@@ -310,12 +314,14 @@ def vce_val_transforms(
             :class:`monai_vce.data.VCEPrepareBatch`) or ``"float32"`` (values in [0, 1]).
         image_key: key of the image path.
         label_key: key of the 17 label values (converted to a float32 tensor; may be absent).
+        max_pixels: largest accepted frame in pixels (default 4096 x 4096), checked before decoding (in a bundle:
+            ``--preprocessing#max_pixels N``).
 
     Returns:
         A ``monai.transforms.Compose`` for datalist items.
     """
     _check_output_dtype(output_dtype)
-    xforms = vce_load_transforms(image_size, image_key=image_key)
+    xforms = vce_load_transforms(image_size, image_key=image_key, max_pixels=max_pixels)
     if output_dtype == "float32":
         xforms.append(ScaleIntensityRanged(keys=image_key, a_min=0.0, a_max=255.0, b_min=0.0, b_max=1.0, clip=True))
     xforms.append(_label_to_tensor(label_key))

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from monai_vce.data.frame_checks import MAX_FRAME_PIXELS, check_pixels
 from monai_vce.utils import atomic_write_json
 
 if TYPE_CHECKING:
@@ -170,6 +171,8 @@ def probe_video(path: PathLike) -> VideoInfo:
                 )
         ctx = stream.codec_context
         info = VideoInfo(os.fspath(path), n, fps, int(ctx.width or 0), int(ctx.height or 0), str(ctx.name))
+    if info.width and info.height:  # a frame size no capsule has: refused before any frame is decoded
+        check_pixels(info.width, info.height, f"of video file {path}")
     if info.num_frames <= 0:
         raise ValueError(f"video file {path} contains no frame")
     return info
@@ -222,6 +225,7 @@ def iter_video_frames(
     buf: list[np.ndarray] = []
     start = 0
     done = 0
+    limit = MAX_FRAME_PIXELS
 
     def flush() -> np.ndarray:
         batch = torch.from_numpy(np.stack(buf)).permute(0, 3, 1, 2)
@@ -244,6 +248,8 @@ def iter_video_frames(
                     f"corrupt or truncated video file {path}: decoding failed after {last_good()} "
                     f"(last good frame; {_reason(e)})"
                 ) from None
+            if done == 0 or frame.width * frame.height > limit:
+                check_pixels(frame.width, frame.height, f"{done} of video file {path}")
             buf.append(frame.to_ndarray(format="rgb24"))
             done += 1
             if len(buf) == chunk:

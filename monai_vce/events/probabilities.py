@@ -10,34 +10,59 @@ key                 array                       meaning
 ``frame_index``     int64 ``(T,)``              frame ids in ``frame_index`` units, increasing
 ``frame_number``    int64 ``(T,)``              frame ids in ``frame_number`` units
 ``labels``          str ``(17,)``               the label names, :data:`~monai_vce.labels.LABELS`
+``video_id``        str ``()``, optional        the video id (files of earlier versions lack it)
 ``source``          str ``()``, optional        what wrote the file (:func:`model_fingerprint`)
 ``features``        float16 ``(T, D)``, opt.    the pooled image feature of each frame
+``inferred``        bool ``(T,)``, optional     frames that went through the network (reduced
+                                                inference; the others were filled in); absent:
+                                                every frame was inferred
 ==================  ==========================  ==================================================
 
 Files are written atomically, so a file that exists is complete. :func:`video_file_name` is the one place where a
-video id becomes a file name; :func:`load_video_probs` is the one reader (it checks every key above and names the
-file and the key in its errors); :func:`save_video_probs` the one writer.
+video id becomes a file name (of every per-video file: probability files, report timelines, review pages, frame
+cache entries); :func:`load_video_probs` is the one reader (it checks every key above and names the file and the key
+in its errors); :func:`save_video_probs` the one writer.
+
+**Video ids and file names.** A video id is any non-empty string: ids with blanks, accents, slashes or ``..`` are
+legal and never become paths. The file name keeps ASCII letters, digits, ``-``, ``_`` and ``.`` and writes every
+other character as ``%XX`` (the bytes of its UTF-8 encoding, as in URLs; ``%`` itself becomes ``%25`` and a leading
+``.`` becomes ``%2E``, so that no name is hidden or ``..``). So ``1`` and ``ukdd_navi_00051`` keep their names,
+``a/b`` becomes ``a%2Fb``, ``a b`` becomes ``a%20b``, and different ids always get different names (``a/b`` and
+``a_b`` do not collide); the file also keeps the id itself (``video_id``). Ids whose name would exceed 200
+characters, and ids that differ only in case (their files would be one file on case-insensitive file systems such
+as macOS's and Windows'), are refused with a one-line error (:func:`check_video_ids`).
+
+**Resume.** A probability file is reused by a rerun only when it holds exactly the frames the datalist lists for
+its video (the same ``frame_index`` and ``frame_number`` ids, not only as many) and was written from the same model
+(:func:`completed_videos`), so a video whose frames were renumbered, added or removed is inferred again.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+import string
+import warnings
+import zipfile
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 
 from monai_vce.labels import LABELS, NUM_LABELS
-from monai_vce.utils import atomic_save_npz, natural_key
+from monai_vce.utils import atomic_save_npz, natural_key, short_repr
 
-from .units import FrameUnits, as_frame_units
+from .units import MAX_FRAME_ID, FrameUnits, as_frame_units
 
 __all__ = [
     "PROBS_SUFFIX",
     "VideoArrays",
     "video_file_name",
+    "video_id_of_file_name",
+    "check_video_ids",
+    "datalist_videos",
     "probability_file",
     "probability_files",
     "save_video_probs",
@@ -55,8 +80,10 @@ PathLike = str | os.PathLike
 
 #: File name suffix of the per-video probability files.
 PROBS_SUFFIX = ".npz"
-# characters that would make a video id name something other than one file in the folder
-_NOT_IN_NAMES = ("/", "\\", "\0")
+# characters a file name keeps as they are; every other one is written as %XX (its UTF-8 bytes)
+_PLAIN = frozenset(string.ascii_letters + string.digits + "-_.")
+# longest file name stem made from a video id (file systems allow 255 bytes; room is left for suffixes)
+_MAX_STEM = 200
 
 
 class VideoArrays:
@@ -74,9 +101,11 @@ class VideoArrays:
         targets: ``(T, 17)`` float32 targets, or ``None`` when the frames had none.
         features: ``(T, D)`` per-frame features, or ``None``.
         source: what produced the probabilities (``""`` when unknown).
+        inferred: ``(T,)`` bool mask of the frames that went through the network (reduced inference), or
+            ``None`` when every frame did.
     """
 
-    __slots__ = ("features", "frame_index", "frame_number", "probs", "source", "targets", "video_id")
+    __slots__ = ("features", "frame_index", "frame_number", "inferred", "probs", "source", "targets", "video_id")
 
     def __init__(
         self,
@@ -87,6 +116,7 @@ class VideoArrays:
         targets: np.ndarray | None = None,
         features: np.ndarray | None = None,
         source: str = "",
+        inferred: np.ndarray | None = None,
     ) -> None:
         self.video_id = video_id
         self.probs = probs
@@ -95,6 +125,7 @@ class VideoArrays:
         self.targets = targets
         self.features = features
         self.source = source
+        self.inferred = inferred
 
     @property
     def labels(self) -> np.ndarray | None:
@@ -109,18 +140,75 @@ class VideoArrays:
         return int(self.frame_index.shape[0])
 
 
-def video_file_name(video_id: str, suffix: str = PROBS_SUFFIX) -> str:
-    """The file name of a video's file: ``<video_id><suffix>`` (``suffix`` e.g. ``".npz"`` or ``".png"``).
+def _encode_char(c: str) -> str:
+    return c if c in _PLAIN else "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass"))
 
-    Every file named after a video (probability files, report timelines) takes its name from here.
+
+def video_file_name(video_id: str, suffix: str = PROBS_SUFFIX) -> str:
+    """The file name of a video's file: the id, made safe, plus ``suffix`` (e.g. ``".npz"`` or ``".png"``).
+
+    Every file named after a video takes its name from here. ASCII letters, digits, ``-``, ``_`` and ``.`` are
+    kept; every other character is written as ``%XX`` (its UTF-8 bytes), as is a leading ``.``. The name is never
+    a path (no ``/``, ``\\``, ``..``), never hidden, and different ids give different names; the id is recovered
+    by :func:`video_id_of_file_name`.
 
     Raises:
-        ValueError: the id cannot be one file name (empty, ``.``/``..``, or holding ``/``, ``\\`` or NUL).
+        ValueError: the id is empty, or its name would be longer than 200 characters.
     """
     vid = str(video_id)
-    if vid in ("", ".", "..") or any(c in vid for c in _NOT_IN_NAMES):
-        raise ValueError(f"video id {vid!r} cannot name a file (it would leave the folder or name none)")
-    return f"{vid}{suffix}"
+    if not vid:
+        raise ValueError("a video id must be a non-empty string: an empty id cannot name a file")
+    stem = "".join(_encode_char(c) for c in vid)
+    if stem.startswith("."):
+        stem = "%2E" + stem[1:]
+    if len(stem) > _MAX_STEM:
+        raise ValueError(
+            f"video id {short_repr(vid, 60)} is too long to name a file ({len(stem)} characters once made safe, "
+            f"at most {_MAX_STEM}); shorten it"
+        )
+    return f"{stem}{suffix}"
+
+
+def video_id_of_file_name(name: str, suffix: str = PROBS_SUFFIX) -> str | None:
+    """The video id a file name was made from by :func:`video_file_name`, or ``None`` for other names."""
+    if not name.endswith(suffix) or len(name) == len(suffix):
+        return None
+    stem = name[: len(name) - len(suffix)] if suffix else name
+    try:
+        vid = unquote(stem, encoding="utf-8", errors="surrogatepass")
+        return vid if video_file_name(vid, suffix) == name else None
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+def check_video_ids(video_ids: Iterable[Any], source: str = "datalist") -> list[str]:
+    """Check that every video id can name its files, and that no two ids name the same file anywhere.
+
+    Args:
+        video_ids: the ids (converted with ``str``).
+        source: what holds them, for messages.
+
+    Returns:
+        The ids as strings, in order, each once.
+
+    Raises:
+        ValueError: an id that cannot name a file (:func:`video_file_name`), or two ids that differ only in case
+            (one file on case-insensitive file systems); the message names them.
+    """
+    ids = list(dict.fromkeys(str(v) for v in video_ids))
+    folded: dict[str, str] = {}
+    for vid in ids:
+        try:
+            key = video_file_name(vid, "").lower()
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
+        other = folded.setdefault(key, vid)
+        if other != vid:
+            raise ValueError(
+                f"{source}: video ids {short_repr(other, 60)} and {short_repr(vid, 60)} differ only in case: their "
+                "files would be one file on case-insensitive file systems (macOS, Windows); rename one of the videos"
+            )
+    return ids
 
 
 def probability_file(folder: PathLike, video_id: str) -> Path:
@@ -129,16 +217,25 @@ def probability_file(folder: PathLike, video_id: str) -> Path:
 
 
 def probability_files(folder: PathLike) -> dict[str, Path]:
-    """The probability files of a folder, ``{video_id: path}`` in natural video id order (``{}`` if no folder)."""
+    """The probability files of a folder, ``{video_id: path}`` in natural video id order (``{}`` if no folder).
+
+    Only files named by :func:`video_file_name` are listed (hidden temporary files of an interrupted write, and
+    files named otherwise, are not probability files of this package).
+    """
     folder = Path(folder)
     if not folder.is_dir():
         return {}
-    files = {p.name[: -len(PROBS_SUFFIX)]: p for p in folder.glob(f"*{PROBS_SUFFIX}") if p.is_file()}
+    files: dict[str, Path] = {}
+    for p in folder.glob(f"*{PROBS_SUFFIX}"):
+        vid = video_id_of_file_name(p.name)
+        if vid is not None and p.is_file():
+            files[vid] = p
     return {vid: files[vid] for vid in sorted(files, key=natural_key)}
 
 
 def save_video_probs(path: PathLike, video: VideoArrays, source: str | None = None) -> Path:
-    """Write one video's probabilities (and features, when it has them) in the format above, atomically.
+    """Write one video's probabilities (and features and the inferred mask, when it has them) in the format
+    above, atomically.
 
     Args:
         path: the file (name it with :func:`probability_file`).
@@ -151,29 +248,43 @@ def save_video_probs(path: PathLike, video: VideoArrays, source: str | None = No
         "frame_index": np.asarray(video.frame_index, dtype=np.int64),
         "frame_number": np.asarray(video.frame_number, dtype=np.int64),
         "labels": np.asarray(LABELS),
+        "video_id": np.asarray(str(video.video_id)),
         "source": np.asarray(str(video.source if source is None else source)),
     }
     if video.features is not None:
         arrays["features"] = np.asarray(video.features, dtype=np.float16)
+    if video.inferred is not None:
+        inferred = np.asarray(video.inferred)
+        if inferred.shape != arrays["probs"].shape[:1] or inferred.dtype != np.bool_:
+            raise ValueError(
+                f"video {video.video_id!r}: 'inferred' must be {len(arrays['probs'])} booleans (one per frame), "
+                f"got {inferred.dtype} {inferred.shape}"
+            )
+        arrays["inferred"] = inferred
     return atomic_save_npz(path, **arrays)
 
 
-def load_video_probs(path: PathLike, features: bool = False) -> VideoArrays:
+def load_video_probs(path: PathLike, features: bool = False, video_id: str | None = None) -> VideoArrays:
     """Read and check one probability file (the one reader of the format).
 
     Args:
-        path: the ``.npz`` file; the video id is its name without the suffix.
+        path: the ``.npz`` file; the video id is the one it stores (files of earlier versions: the one its name
+            was made from, see :func:`video_file_name`).
         features: also read the optional ``features`` array (``None`` when the file has none).
+        video_id: the video the file must hold; a file of another video (copied or renamed) is refused.
 
     Raises:
         FileNotFoundError: the file is missing.
         ValueError: the file is unreadable, holds pickled objects, lacks a key, or a key has the wrong shape,
-            type or content (the message names the file and the key).
+            type or content, or it holds another video than ``video_id`` (the message names the file and the key).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"probability file {path} not found")
-    keys = ("probs", "frame_index", "frame_number", "labels", "source") + (("features",) if features else ())
+    keys = ("probs", "frame_index", "frame_number", "labels", "video_id", "source", "inferred") + (
+        ("features",) if features else ()
+    )
+    _check_member_sizes(path, keys)
     try:
         with np.load(path, allow_pickle=False) as z:
             data = {k: z[k] for k in keys if k in z.files}
@@ -199,14 +310,56 @@ def load_video_probs(path: PathLike, features: bool = False) -> VideoArrays:
     feats = data.get("features")
     if feats is not None and (feats.ndim != 2 or feats.shape[0] != T or not np.issubdtype(feats.dtype, np.floating)):
         raise ValueError(f"probability file {path}: 'features' must be a float (T={T}, D) array, got {feats.shape}")
+    inferred = data.get("inferred")
+    if inferred is not None and (inferred.shape != (T,) or inferred.dtype != np.bool_):
+        raise ValueError(
+            f"probability file {path}: 'inferred' must be {T} booleans (one per row of 'probs'), "
+            f"got {inferred.dtype} {inferred.shape}"
+        )
+    stored = data.get("video_id")
+    if stored is not None:
+        if stored.shape != () or stored.dtype.kind != "U" or not str(stored):
+            raise ValueError(f"probability file {path}: 'video_id' must be one non-empty string")
+        vid = str(stored)
+    else:
+        vid = video_id_of_file_name(path.name) or (
+            path.name[: -len(PROBS_SUFFIX)] if path.name.endswith(PROBS_SUFFIX) else path.stem
+        )
+    if video_id is not None and vid != str(video_id):
+        raise ValueError(
+            f"probability file {path} holds video {short_repr(vid, 60)}, not {short_repr(str(video_id), 60)} "
+            "(a copied or renamed file?); delete it to infer the video again"
+        )
     return VideoArrays(
-        path.name[: -len(PROBS_SUFFIX)] if path.name.endswith(PROBS_SUFFIX) else path.stem,
+        vid,
         probs.astype(np.float32, copy=False),
         data["frame_index"].astype(np.int64, copy=False),
         data["frame_number"].astype(np.int64, copy=False),
         features=feats,
         source=str(data["source"]) if "source" in data else "",
+        inferred=inferred,
     )
+
+
+#: Largest array a probability file may hold (bytes once read): the features of a 130,000-frame video at D=768 in
+#: float16 are 200 MB; a file declaring far more (a hostile or damaged one) is refused before it is read.
+MAX_ARRAY_BYTES = 2 * 1024**3
+
+
+def _check_member_sizes(path: Path, keys: Sequence[str]) -> None:
+    """Refuse a probability file whose arrays would take more than :data:`MAX_ARRAY_BYTES` once read (zip header)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            sizes = {i.filename.removesuffix(".npy"): i.file_size for i in zf.infolist()}
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return  # np.load reports it below, with the file named
+    big = {k: n for k, n in sizes.items() if k in keys and n > MAX_ARRAY_BYTES}
+    if big:
+        key, n = next(iter(big.items()))
+        raise ValueError(
+            f"probability file {path}: {key!r} would take {n / 1024**3:.1f} GiB once read, more than the "
+            f"{MAX_ARRAY_BYTES / 1024**3:.0f} GiB a probability file holds (a damaged or foreign file)"
+        )
 
 
 def npz_record(path: PathLike) -> tuple[int, str] | None:
@@ -236,27 +389,115 @@ def model_fingerprint(model_file: PathLike) -> str:
     return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
 
 
+def _sources(source: str | Collection[str] | None) -> frozenset[str] | None:
+    if source is None:
+        return None
+    return frozenset([source] if isinstance(source, str) else (str(s) for s in source))
+
+
+def datalist_videos(datalist: Sequence[Mapping[str, Any]], source: str = "datalist") -> dict[str, np.ndarray]:
+    """The items of each video of a frame datalist: ``{video_id: item positions}``, videos in order of appearance.
+
+    Positions are sorted by ``frame_index`` (stable), and an item repeating a frame of its video (the same
+    ``frame_index``) is left out, as the collector of the engine outputs keeps only the first of repeated frames.
+    A video listed in several places of the datalist is gathered into one.
+
+    Args:
+        datalist: frame dicts with ``video_id`` and ``frame_index`` (and optionally ``frame_number``).
+        source: what the datalist is, for messages.
+
+    Raises:
+        ValueError: an item that is not a dict, lacks ``video_id`` or ``frame_index``, or has a frame id that is
+            not an integer in ``[0, 2**31 - 1]``; the message names the item's position and key. Ids that cannot
+            name files (see :func:`check_video_ids`).
+    """
+    positions: dict[str, list[int]] = {}
+    index = np.empty(len(datalist), dtype=np.int64)
+    for i, d in enumerate(datalist):
+        if not isinstance(d, Mapping):
+            raise ValueError(f"{source}: item {i} must be a dict (a frame), got {type(d).__name__}")
+        if "video_id" not in d:
+            raise ValueError(
+                f"{source}: item {i} has no 'video_id' (keys: {short_repr(sorted(map(str, d)), 80)}); every frame "
+                "needs the id of its video"
+            )
+        index[i] = _frame_id(d, "frame_index", i, source)
+        positions.setdefault(str(d["video_id"]), []).append(i)
+    check_video_ids(positions, source)
+    out: dict[str, np.ndarray] = {}
+    for vid, pos in positions.items():
+        rows = np.asarray(pos, dtype=np.int64)
+        rows = rows[np.argsort(index[rows], kind="stable")]
+        keep = np.r_[True, index[rows[1:]] != index[rows[:-1]]] if len(rows) else np.zeros(0, bool)
+        out[vid] = rows[keep]
+    return out
+
+
+def _frame_id(item: Mapping[str, Any], key: str, position: int, source: str) -> int:
+    value = item.get(key)
+    if value is None:
+        raise ValueError(f"{source}: item {position} (video {short_repr(item.get('video_id'), 40)}) has no {key!r}")
+    if isinstance(value, (np.integer, np.ndarray)) and np.ndim(value) == 0:
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_FRAME_ID:
+        raise ValueError(
+            f"{source}: item {position} (video {short_repr(item.get('video_id'), 40)}): {key!r} must be an integer "
+            f"in [0, {MAX_FRAME_ID}], got {short_repr(value, 40)}"
+        )
+    return value
+
+
 def completed_videos(
-    datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike, source: str | None = None, features: bool = False
+    datalist: Sequence[Mapping[str, Any]],
+    probs_dir: PathLike,
+    source: str | Collection[str] | None = None,
+    features: bool = False,
 ) -> list[str]:
     """Videos of ``datalist`` whose probability file in ``probs_dir`` is complete.
 
-    A file is complete when it exists (files are written atomically), passes :func:`load_video_probs`'s checks,
-    holds as many frames as the datalist has for that video (a video folder that grew since is recomputed) and, when ``source`` is
-    given, was written from that source (:func:`model_fingerprint`: a retrained model recomputes everything).
+    A file is complete when it exists (files are written atomically), passes :func:`load_video_probs`'s checks, holds
+    this video, holds exactly the frames the datalist lists for it (the same ``frame_index`` and ``frame_number``
+    ids: a video whose frames were renumbered, added or removed since is recomputed) and, when ``source`` is given,
+    was written from that source (:func:`model_fingerprint`: a retrained model recomputes everything) or, when
+    ``source`` is a collection, from one of them (a reduced inference reuses the files of a full inference of the
+    same model, see :func:`monai_vce.inference.reduced_source`).
     With ``features``, a file must also hold the per-frame ``features`` (a file of a run without them is
     recomputed).
     """
-    counts: dict[str, int] = {}
-    for d in datalist:
-        vid = str(d["video_id"])
-        counts[vid] = counts.get(vid, 0) + 1
+    return _completed(datalist, datalist_videos(datalist), probs_dir, source, features)
+
+
+def _completed(
+    datalist: Sequence[Mapping[str, Any]],
+    videos: Mapping[str, np.ndarray],
+    probs_dir: PathLike,
+    source: str | Collection[str] | None,
+    features: bool = False,
+) -> list[str]:
+    accepted = _sources(source)
     out = []
-    for vid, n in counts.items():
-        record = npz_record(probability_file(probs_dir, vid))
-        complete = record is not None and record[0] == n and (source is None or record[1] == source)
-        if complete and (not features or _has_features(probability_file(probs_dir, vid))):
+    for vid, rows in videos.items():
+        path = probability_file(probs_dir, vid)
+        if not path.is_file():
+            continue
+        try:
+            video = load_video_probs(path, video_id=vid)
+        except (OSError, ValueError) as e:
+            logger.info(f"video {vid}: {e}; inferring it again")
+            continue
+        if accepted is not None and video.source not in accepted:
+            continue
+        items = [datalist[i] for i in rows.tolist()]
+        index = np.fromiter((int(d["frame_index"]) for d in items), dtype=np.int64, count=len(items))
+        number = np.fromiter(
+            (int(d.get("frame_number", d["frame_index"])) for d in items), dtype=np.int64, count=len(items)
+        )
+        if not (np.array_equal(video.frame_index, index) and np.array_equal(video.frame_number, number)):
+            logger.info(f"video {vid}: its frames changed since {path} was written; inferring it again")
+        elif not features or _has_features(path):
             out.append(vid)
+        else:
+            logger.info(f"video {vid}: {path} holds no per-frame features; inferring it again")
     return out
 
 
@@ -272,24 +513,38 @@ def pending_frames(
     datalist: Sequence[Mapping[str, Any]],
     probs_dir: PathLike,
     resume: bool = True,
-    source: str | None = None,
+    source: str | Collection[str] | None = None,
     features: bool = False,
 ) -> list[Mapping[str, Any]]:
     """The frames of ``datalist`` still to infer: those of videos without a complete probability file.
 
     Filtering the datalist before building the dataset makes an interrupted inference resumable: a rerun
-    infers only the videos it had not finished, and the event JSON is still written from every video's file.
+    infers only the videos it had not finished, and the event JSON is still written from every video's file. The
+    frames come grouped by video (videos in order of first appearance, frames by ``frame_index``; items repeating a
+    frame are left out with a warning), so that the inference writer, which writes a video's file as soon as the
+    next video starts, always sees each video whole, whatever the order of the datalist.
 
     Args:
         datalist: the full frame datalist.
         probs_dir: the folder of the per-video ``<video_id>.npz`` files.
-        resume: ``False`` returns the whole datalist (recompute everything).
-        source: what the probability files must have been written from (see :func:`completed_videos`).
+        resume: ``False`` infers every video again.
+        source: what the probability files must have been written from, or a collection of the sources
+            accepted (see :func:`completed_videos`).
         features: the files must also hold per-frame features (see :func:`completed_videos`).
+
+    Raises:
+        ValueError: an item without ``video_id`` or with a bad frame id, or a video id that cannot name a file
+            (see :func:`datalist_videos`).
     """
-    if not resume:
-        return list(datalist)
-    done = set(completed_videos(datalist, probs_dir, source=source, features=features))
+    videos = datalist_videos(datalist)
+    repeated = len(datalist) - sum(len(rows) for rows in videos.values())
+    if repeated:
+        warnings.warn(
+            f"the datalist repeats {repeated} frame(s) of their video (same video_id and frame_index): each frame is "
+            "inferred once",
+            stacklevel=2,
+        )
+    done = set(_completed(datalist, videos, probs_dir, source, features)) if resume else set()
     if done:
         logger.info(f"skipping {len(done)} video(s) already inferred in {probs_dir}: {', '.join(sorted(done))}")
-    return [d for d in datalist if str(d["video_id"]) not in done]
+    return [datalist[i] for vid, rows in videos.items() if vid not in done for i in rows.tolist()]

@@ -11,7 +11,12 @@ from __future__ import annotations
 import warnings
 from enum import Enum
 
-__all__ = ["FrameUnits", "as_frame_units"]
+__all__ = ["MAX_FRAME_ID", "FrameUnits", "as_frame_units"]
+
+#: Largest frame id accepted anywhere (label CSVs, frame file names, datalists, event files): 2**31 - 1, far beyond
+#: any exam (Galar's longest has about 130,000 frames) and exact in every integer and float type the package
+#: computes with, so that no frame id overflows or loses precision on its way through.
+MAX_FRAME_ID: int = 2**31 - 1
 
 
 class FrameUnits(str, Enum):

@@ -13,7 +13,6 @@ invalid file is never written.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -22,7 +21,9 @@ from typing import Any
 import numpy as np
 
 from monai_vce.labels import LABELS
-from monai_vce.utils import atomic_write_json
+from monai_vce.utils import atomic_write_json, loads_json, read_regular_file, short_repr
+
+from .units import MAX_FRAME_ID
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -49,10 +50,7 @@ _LABEL_SET = frozenset(LABELS)
 
 def _describe(value: Any) -> str:
     """Type and short repr of a bad value, for messages."""
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{type(value).__name__} {text}"
+    return f"{type(value).__name__} {short_repr(value, 60)}"
 
 
 def _is_frame(value: Any) -> bool:
@@ -78,7 +76,8 @@ def validate_events(
     Checks: the top level is a dict with a ``"videos"`` list; each video is a dict with a non-empty string
     ``video_id`` (unique in the file) and an ``"events"`` list; each event is a dict with the keys ``start``,
     ``end`` and ``label`` (other keys are reported: the challenge format has only these three); ``start``
-    and ``end`` are non-negative integers (not bool, float or str) with ``start <= end``; ``label`` is a
+    and ``end`` are integers in ``[0, 2**31 - 1]`` (not bool, float or str; the bound keeps every frame exact in the
+    metric's arithmetic) with ``start <= end``; ``label`` is a
     list of distinct names from :data:`~monai_vce.labels.LABELS` (exact spelling, as the challenge's scorer
     compares them). An empty ``label`` list is accepted: such an event takes part in no label's score (the
     Galar ground truth has one). With ``gt``, video ids missing from ``obj`` or absent from ``gt``
@@ -130,14 +129,14 @@ def validate_events(
         elif not isinstance(vid, str) or not vid:
             report(f"{where}: 'video_id' must be a non-empty string, got {_describe(vid)}")
         else:
-            where = f"video {vid!r} ({where})"
+            where = f"video {short_repr(vid, 60)} ({where})"
             if vid in seen:
                 report(f"{where}: duplicate video id (first listed at videos[{seen[vid]}])")
             else:
                 seen[vid] = i
         for key in video if strict else ():
             if key not in ("video_id", "events"):
-                report(f"{where}: unexpected key {key!r} (a video has only 'video_id' and 'events')")
+                report(f"{where}: unexpected key {short_repr(key, 60)} (a video has only 'video_id' and 'events')")
         if "events" not in video:
             report(f"{where}: missing key 'events'")
             continue
@@ -156,7 +155,7 @@ def validate_events(
                 report(f"{at}: missing key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
             for key in event if strict else ():
                 if key not in EVENT_KEYS:
-                    report(f"{at}: unexpected key {key!r} (an event has only 'start', 'end', 'label')")
+                    report(f"{at}: unexpected key {short_repr(key, 60)} (an event has only 'start', 'end', 'label')")
             frames_ok = True
             for key in ("start", "end"):
                 if key not in event:
@@ -167,7 +166,10 @@ def validate_events(
                     report(f"{at}: '{key}' must be an integer frame, got {_describe(value)}")
                     frames_ok = False
                 elif value < 0:
-                    report(f"{at}: '{key}' must be non-negative, got {value}")
+                    report(f"{at}: '{key}' must be non-negative, got {short_repr(value, 40)}")
+                    frames_ok = False
+                elif value > MAX_FRAME_ID:
+                    report(f"{at}: '{key}' must be at most {MAX_FRAME_ID} (2**31 - 1), got {short_repr(value, 40)}")
                     frames_ok = False
             if frames_ok and event["start"] > event["end"]:
                 report(f"{at}: start {event['start']} > end {event['end']}")
@@ -178,11 +180,11 @@ def validate_events(
                 else:
                     for name in labels:
                         if not isinstance(name, str) or name not in _LABEL_SET:
-                            report(f"{at}: unknown label {name!r}")
+                            report(f"{at}: unknown label {short_repr(name, 60)}")
                     hashable = [n for n in labels if isinstance(n, str)]
                     if len(set(hashable)) != len(hashable):
                         dup = sorted({n for n in hashable if hashable.count(n) > 1})
-                        report(f"{at}: label listed twice: {', '.join(map(repr, dup))}")
+                        report(f"{at}: label listed twice: {', '.join(map(short_repr, dup))}")
     if max_events is not None and total > max_events:
         report(f"{total} events in all, more than the limit of {max_events}")
     if gt is not None:
@@ -193,10 +195,10 @@ def validate_events(
             gt_set = {g for g in gt_ids if isinstance(g, str)}
             for g in gt_ids:
                 if isinstance(g, str) and g not in seen:
-                    report(f"video {g!r}: in the ground truth but missing from the prediction")
+                    report(f"video {short_repr(g, 60)}: in the ground truth but missing from the prediction")
             for vid, i in seen.items():
                 if vid not in gt_set:
-                    report(f"video {vid!r} (videos[{i}]): not in the ground truth")
+                    report(f"video {short_repr(vid, 60)} (videos[{i}]): not in the ground truth")
     if extra:
         problems.append(f"... and {extra} more problems not listed")
     return problems
@@ -252,38 +254,14 @@ def load_events(
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: the file is too large, unreadable, not UTF-8, not valid JSON (the message names the
-            line and column), or (with ``validate``) not a valid event JSON.
+        ValueError: the file is not a regular file (a device, a pipe, a folder), too large, unreadable, not UTF-8,
+            not valid JSON (the message names the line and column), holds a key twice in one object, is nested too
+            deeply, or (with ``validate``) is not a valid event JSON.
     """
     path = Path(path)
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise FileNotFoundError(f"event file {path} not found") from None
-    except OSError as e:
-        raise ValueError(f"event file {path}: cannot read it ({e.strerror or e})") from None
-    if path.is_dir():
-        raise ValueError(f"event file {path} is a folder, expected a JSON file")
-    if max_bytes is not None and size > max_bytes:
-        raise ValueError(
-            f"event file {path} is {size / 1024**2:.1f} MiB, more than the limit of {max_bytes / 1024**2:.1f} MiB "
-            f"(raise max_bytes to read it)"
-        )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"event file {path} is not UTF-8 text (byte {e.start})") from None
-    except OSError as e:
-        raise ValueError(f"event file {path}: cannot read it ({e.strerror or e})") from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"event file {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-    except RecursionError:
-        # hostile input such as "[[[[...": the parser recurses once per level; refuse instead of a deep traceback
-        raise ValueError(
-            f"event file {path} is nested too deeply to be an event JSON (the format has 4 levels)"
-        ) from None
+    # a regular file only (a device such as /dev/zero or a named pipe would be read forever or wait forever), at
+    # most max_bytes read; strict JSON: a key repeated in one object (two "videos" lists) is refused
+    obj = loads_json(read_regular_file(path, max_bytes, "event file"), f"event file {path}")
     if max_events is not None and isinstance(obj, Mapping) and isinstance(obj.get("videos"), list):
         total = sum(
             len(v["events"]) for v in obj["videos"] if isinstance(v, Mapping) and isinstance(v.get("events"), list)

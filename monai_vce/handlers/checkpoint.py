@@ -10,7 +10,9 @@ name for the interval checkpoint (``interval_filename``), so that resuming alway
 ``checkpoint_last.pt``.
 
 :class:`VCECheckpointLoader` is MONAI's ``CheckpointLoader`` (``weights_only=True`` loading) whose errors on a
-checkpoint that does not fit the network name the file and, for another number of classes, both class counts.
+checkpoint that does not fit the network name the file and, for another number of classes, both class counts; it
+checks the file first (empty, truncated, a safetensors file under a ``.pt`` name, weights of an integer or bool
+type), each with a one-line error naming the file.
 :class:`BestMetricState` puts the validator's best key metric (and its epoch) and the best-model saver's
 memory into the training checkpoint, so that a resumed run only replaces ``model.pt`` with a better model.
 """
@@ -29,6 +31,7 @@ import torch
 from monai.handlers import CheckpointLoader, CheckpointSaver
 from monai.utils import IgniteInfo, min_version, optional_import
 
+from monai_vce.networks.backbone import check_weight_dtypes, read_torch_file
 from monai_vce.utils import atomic_write_bytes
 
 idist, _ = optional_import("ignite", IgniteInfo.OPT_IMPORT_VERSION, min_version, "distributed")
@@ -169,7 +172,31 @@ class VCECheckpointLoader(CheckpointLoader):
     def __init__(self, load_path: str, load_dict: dict, **kwargs: Any) -> None:
         super().__init__(load_path=load_path, load_dict=_stateful(load_dict), **kwargs)
 
+    def check(self) -> None:
+        """Check the file before MONAI loads it: readable by ``torch.load(weights_only=True)``, and floating-point
+        values wherever the network has floating-point weights (an int8 or bool ``model.pt`` would otherwise load
+        silently and compute nonsense).
+
+        Raises:
+            FileNotFoundError: the file does not exist.
+            ValueError: an empty, truncated, damaged or foreign file, or weights of the wrong type; one line naming
+                the file (and the key).
+        """
+        checkpoint = read_torch_file(self.load_path, "checkpoint", mmap=True)  # mapped: no second full read
+        if not isinstance(checkpoint, Mapping):
+            raise ValueError(
+                f"checkpoint {self.load_path} holds a {type(checkpoint).__name__}, not a dict of tensors (a state dict)"
+            )
+        for key, obj in self.load_dict.items():
+            net = _unwrap(obj) if isinstance(obj, torch.nn.Module) else None
+            if net is None:
+                continue
+            state = checkpoint[key] if len(self.load_dict) > 1 or key in checkpoint else checkpoint
+            if isinstance(state, Mapping):
+                check_weight_dtypes(state, net.state_dict(), self.load_path)
+
     def __call__(self, engine: Any) -> None:
+        self.check()
         try:
             super().__call__(engine)
         except RuntimeError as e:
@@ -179,7 +206,7 @@ class VCECheckpointLoader(CheckpointLoader):
 
     def _class_counts(self) -> tuple[int, int] | None:
         """(classes of the checkpoint, classes of the network), from the tensors sized by the class count."""
-        checkpoint = torch.load(self.load_path, map_location="cpu", weights_only=True)
+        checkpoint = read_torch_file(self.load_path, "checkpoint", mmap=True)
         for key, obj in self.load_dict.items():
             net = _unwrap(obj) if isinstance(obj, torch.nn.Module) else None
             n_model = getattr(net, "num_classes", None)

@@ -22,6 +22,7 @@ from monai.utils import IgniteInfo, min_version, optional_import
 
 from monai_vce.events.probabilities import (
     VideoArrays,
+    check_video_ids,
     load_video_probs,
     npz_frame_count,
     probability_file,
@@ -156,6 +157,7 @@ class TemporalEventWriter:
             pred_key=pred_key,
             output_transform=output_transform,
             batch_transform=batch_transform,
+            on_discard=self._discard_video,
             features_key=None if self.feature_capture is None else self.feature_capture.output_key,
         )
         self.written: list[str] = []
@@ -225,6 +227,12 @@ class TemporalEventWriter:
         self.written.append(video.video_id)
         self.logger.info(f"saved probabilities of video {video.video_id} ({len(video)} frames): {path}")
 
+    def _discard_video(self, video_id: str) -> None:
+        """Remove the file of a video written from part of its frames (see ``VideoFrameCollector.on_discard``)."""
+        probability_file(self.output_dir, video_id).unlink(missing_ok=True)
+        if video_id in self.written:
+            self.written.remove(video_id)
+
     def _get_decoder(self) -> Any:
         if isinstance(self.decoder, EventDecoder):
             return self.decoder
@@ -254,7 +262,7 @@ class TemporalEventWriter:
     def video_ids(self) -> list[str]:
         """The videos the JSON lists: ``videos`` or every ``.npz`` file of ``output_dir`` in natural order."""
         if self.videos is not None:
-            return [str(v) for v in self.videos]
+            return check_video_ids(self.videos, "the writer's videos")
         return list(probability_files(self.output_dir))
 
     def write_events(self) -> Path | None:
@@ -284,7 +292,7 @@ class TemporalEventWriter:
             )
         self.refine()
         for vid in self.video_ids():
-            video = load_video_probs(probability_file(self.decode_dir, vid))
+            video = load_video_probs(probability_file(self.decode_dir, vid), video_id=vid)
             events = decoder(video.probs, video.frame_ids(units), video_id=vid) if len(video) else []
             out["videos"].append({"video_id": vid, "events": list(events)})
         path = save_events(self.events_file, out)

@@ -36,7 +36,7 @@ from monai_vce.events.probabilities import VideoArrays
 from monai_vce.events.runs import value_runs
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import NUM_LABELS
-from monai_vce.utils import natural_key
+from monai_vce.utils import natural_key, short_repr
 
 Events, _ = optional_import("ignite.engine", IgniteInfo.OPT_IMPORT_VERSION, min_version, "Events")
 idist, _ = optional_import("ignite", IgniteInfo.OPT_IMPORT_VERSION, min_version, "distributed")
@@ -131,6 +131,9 @@ class VideoFrameCollector:
             builds each video's ground truth from the collected targets with the same rule
             (:func:`monai_vce.events.ground_truth_events`). Read on first use (a
             :class:`~monai_vce.utils.LazyMapping` stays unread until the first validation).
+        on_discard: called with the id of a video handed over as complete whose frames turn out to continue
+            later (a datalist listing one video in two places, streaming mode), before the collector raises a
+            ``ValueError`` naming the video; the writer removes the video's partial file there.
         name: logger name (``None``: the engine's logger).
     """
 
@@ -148,12 +151,14 @@ class VideoFrameCollector:
         sigmoid: bool = False,
         frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
         ground_truth: Mapping[str, Any] | None = None,
+        on_discard: Callable[[str], Any] | None = None,
         name: str | None = None,
         features_key: str | None = None,
     ) -> None:
         self.logger = logging.getLogger(name)
         self._name = name
         self.on_video = on_video
+        self.on_discard = on_discard
         self.features_key = features_key
         self.pred_key = pred_key
         self.label_key = label_key
@@ -187,7 +192,18 @@ class VideoFrameCollector:
         self._videos: dict[str, VideoArrays] | None = None
         self._inputs: dict[FrameUnits, dict[str, DecodingInput]] = {}
         self.completed: list[str] = []
+        self._handed: set[str] = set()
         self.generation += 1
+
+    def _refuse_repeat(self, vid: str) -> None:
+        """A video handed over as complete gets more frames: its hand-over held part of it only."""
+        if self.on_discard is not None:
+            self.on_discard(vid)
+        raise ValueError(
+            f"video {short_repr(vid, 60)}: more of its frames arrive after other videos' frames, but its frames were "
+            "taken as complete when the next video started; list each video's frames together in the datalist "
+            "(monai_vce.events.pending_frames groups them), its partial result was removed"
+        )
 
     # --- reading one iteration -------------------------------------------------------------------------------
     @staticmethod
@@ -281,6 +297,8 @@ class VideoFrameCollector:
         starts, ends, _ = value_runs(np.asarray(vids))
         for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
             vid = vids[s]
+            if self.streaming and vid in self._handed:
+                self._refuse_repeat(vid)
             if self.streaming and idist.get_world_size() == 1 and self._chunks and vid not in self._chunks:
                 # a new video starts: every video seen before it is complete (frames come in video order)
                 for done in list(self._chunks):
@@ -377,6 +395,8 @@ class VideoFrameCollector:
                 f"({int((~finite).sum())} frame(s) in all); refusing to decode or save them"
             )
         self.completed.append(vid)
+        if self.streaming:
+            self._handed.add(vid)
         video = VideoArrays(
             vid,
             np.ascontiguousarray(probs, np.float32),

@@ -86,9 +86,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 2
-    indent = None if args.indent < 0 else args.indent
+    indent = None if args.indent < 0 else min(args.indent, 16)
     if args.out:
-        atomic_write_json(args.out, result, indent=indent)
+        try:
+            atomic_write_json(args.out, result, indent=indent)
+        except OSError as e:  # a file in the way of --out's folder, a read-only folder...
+            print(f"--out {args.out}: {e}", file=sys.stderr)
+            return 2
     print(json.dumps(result, indent=indent))
     return 0
 

@@ -27,8 +27,9 @@ so they load through the same path as real checkpoints. Importing this module re
 from __future__ import annotations
 
 import io
-import json
 import os
+import re
+from collections.abc import Mapping
 from copy import deepcopy
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,7 @@ import torch
 import torch.nn as nn
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 
-from monai_vce.utils import atomic_write_bytes, atomic_write_json
+from monai_vce.utils import atomic_write_bytes, atomic_write_json, read_json_file
 
 __all__ = [
     "BIOMEDCLIP_HUB_ID",
@@ -55,6 +56,8 @@ __all__ = [
     "ImageTower",
     "resolve_backbone",
     "check_backbone",
+    "read_torch_file",
+    "check_weight_dtypes",
     "build_image_tower",
     "load_visual_weights",
     "create_tiny_open_clip",
@@ -253,9 +256,9 @@ def _hub_download(spec: str, model_id: str, filenames: tuple[str, ...]) -> Path:
 
 def _read_config_file(path: Path) -> dict[str, Any]:
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        cfg = read_json_file(path, max_bytes=16 * 1024**2, what="open_clip config")
     except (OSError, ValueError) as err:
-        raise ValueError(f"cannot read the open_clip config {path}: {err}") from err
+        raise ValueError(f"cannot read the open_clip config {path}: {err}") from None
     model_cfg = cfg.get("model_cfg", cfg) if isinstance(cfg, dict) else None
     if not isinstance(model_cfg, dict) or not all(k in model_cfg for k in ("embed_dim", "vision_cfg")):
         raise ValueError(f"{path} is not an open_clip config: expected 'model_cfg' with 'embed_dim' and 'vision_cfg'")
@@ -366,14 +369,115 @@ def resolve_backbone(backbone: str, model_name: str | None = None, pretrained: b
     )
 
 
-def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+def _is_safetensors(head: bytes) -> bool:
+    # safetensors: an 8-byte little-endian header length, then the JSON header
+    return len(head) >= 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") < 100 * 1024**2
+
+
+def read_torch_file(path: str | os.PathLike, what: str = "checkpoint", mmap: bool = False) -> Any:
+    """``torch.load(path, weights_only=True)`` with one-line errors naming the file and what to do.
+
+    torch's own errors name nothing (a zero-byte file raises a bare ``EOFError``, a truncated one a zip-reader
+    error) or advise ``weights_only=False``, exactly wrong for a file that holds more than tensors: such a file is
+    refused here, and nothing in it ever runs.
+
+    Args:
+        path: the file.
+        what: what the file is, for messages (``"checkpoint"``, ``"text embeddings"``).
+        mmap: map the file instead of reading it (cheap inspection of large checkpoints; zip-format files).
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: an empty, truncated or foreign file (e.g. a safetensors file under a ``.pt`` name), or one
+            holding objects other than tensors and plain containers.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path} not found")
+    cannot = f"cannot read {what} {path}"
+    if not path.is_file():  # a folder, device or named pipe (opening a pipe would wait forever)
+        raise ValueError(f"{cannot}: it is not a regular file (a folder, device, pipe or socket); give a file")
     try:
-        state = open_clip.factory.load_state_dict(str(path), device="cpu", weights_only=True)
-    except Exception as err:
-        raise ValueError(f"cannot read checkpoint {path}: {type(err).__name__}: {err}") from err
-    if not isinstance(state, dict) or not state:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError as e:
+        raise ValueError(f"{cannot}: {e.strerror or e}") from None
+    if not head:
+        raise ValueError(f"{cannot}: the file is empty (0 bytes), a copy or a save was cut short; use a complete file")
+    if _is_safetensors(head) and path.suffix != ".safetensors":
+        raise ValueError(
+            f"{cannot}: it is a safetensors file, not a torch checkpoint; give it the .safetensors suffix where "
+            "safetensors files are accepted (backbone weights), or save the weights with torch.save"
+        )
+    if not head.startswith(b"PK") and head[:1] != b"\x80":  # neither torch's zip format nor a legacy pickle
+        raise ValueError(f"{cannot}: it is not a file written by torch.save")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and head.startswith(b"PK"))
+    except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, KeyError, ... on bad files
+        text = str(err)
+        if "Weights only load failed" in text:
+            found = re.search(r"(Unsupported [^.\n]*)", text)
+            detail = f" ({found.group(1).strip()})" if found else ""
+            raise ValueError(
+                f"{cannot}: it holds objects other than tensors and plain containers{detail} and is refused, since "
+                "loading it could run code (Weights only load failed); save a state dict of tensors"
+            ) from None
+        first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+        raise ValueError(
+            f"{cannot}: the file is truncated or damaged ({type(err).__name__}: {first[:120]}); copy or save it again"
+        ) from None
+
+
+def check_weight_dtypes(
+    state: Mapping[str, Any], expected: Mapping[str, torch.Tensor], path: str | os.PathLike, what: str = "checkpoint"
+) -> None:
+    """Refuse weights of a non-floating type for floating tensors of the model.
+
+    ``load_state_dict`` copies an int8 or bool tensor into a float parameter without a word, and the network then
+    computes nonsense (int8 weights) or constants (bool weights loaded as zeros and ones).
+
+    Args:
+        state: the checkpoint's tensors by key.
+        expected: the model's ``state_dict()``.
+        path: the file, for messages.
+        what: what the file is, for messages.
+
+    Raises:
+        ValueError: naming the file, the first such key, both types and the number of such keys.
+    """
+    bad = [
+        (k, v.dtype, expected[k].dtype)
+        for k, v in state.items()
+        if k in expected
+        and isinstance(v, torch.Tensor)
+        and expected[k].is_floating_point()
+        and not (v.is_floating_point() or v.is_complex())
+    ]
+    if bad:
+        key, got, want = bad[0]
+        more = f" (and {len(bad) - 1} more keys)" if len(bad) > 1 else ""
+        raise ValueError(
+            f"{what} {path}: key {key!r} holds {str(got).replace('torch.', '')} values where the model has "
+            f"{str(want).replace('torch.', '')} weights{more}; the file holds no usable weights (quantised or "
+            "converted?): use the floating-point checkpoint"
+        )
+
+
+def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        try:
+            state = open_clip.factory.load_state_dict(str(path), device="cpu", weights_only=True)
+        except Exception as err:
+            raise ValueError(f"cannot read checkpoint {path}: {type(err).__name__}: {err}") from None
+    else:
+        obj = read_torch_file(path, "checkpoint")
+        # the forms open_clip accepts: a state dict, or one under "state_dict", with "module." prefixes removed
+        state = obj.get("state_dict", obj) if isinstance(obj, Mapping) else obj
+        if isinstance(state, Mapping) and next(iter(state), "").startswith("module."):
+            state = {k[7:]: v for k, v in state.items()}
+    if not isinstance(state, Mapping) or not state:
         raise ValueError(f"checkpoint {path} holds no state dict")
-    return state
+    return dict(state)
 
 
 def load_visual_weights(visual: nn.Module, checkpoint: str | os.PathLike, state: dict | None = None) -> float | None:
@@ -404,6 +508,7 @@ def load_visual_weights(visual: nn.Module, checkpoint: str | os.PathLike, state:
         raise ValueError(
             f"checkpoint {path} has no image-tower weights ('visual.*' keys); its keys start with: {sample}"
         )
+    check_weight_dtypes(tower, expected, path)
     missing = sorted(set(expected) - set(tower))
     unexpected = sorted(set(tower) - set(expected))
     mis_shaped = sorted(

@@ -31,7 +31,7 @@ from typing import Any
 from monai_vce.labels import LABELS, all_prompts
 from monai_vce.utils import atomic_write_bytes
 
-from .backbone import resolve_backbone
+from .backbone import read_torch_file, resolve_backbone
 
 __all__ = ["compute_text_embeddings", "save_text_embeddings", "load_text_embeddings", "main"]
 
@@ -61,10 +61,7 @@ def load_text_embeddings(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"text embeddings file not found: {path}")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise ValueError(f"cannot read text embeddings {path}: {type(err).__name__}: {err}") from err
+    obj = read_torch_file(path, "text embeddings")  # torch.load(weights_only=True), one-line errors
     file_labels = None
     if isinstance(obj, Mapping):
         if "embeddings" not in obj:

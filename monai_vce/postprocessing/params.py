@@ -23,7 +23,6 @@ Compatibility: ``"frame_units": "index"``, written by earlier versions, still re
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import warnings
@@ -44,7 +43,7 @@ from jsonschema.exceptions import ValidationError
 from monai_vce.events.composition import COMPOSITIONS, RANKINGS
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import LABELS, LANDMARKS, SECTIONS
-from monai_vce.utils import atomic_write_json
+from monai_vce.utils import atomic_write_json, read_json_file
 
 from .anatomy import ANATOMY_PARAMS, LANDMARK_WINDOW
 from .chain import CHAIN_STEPS, PAPER_ORDER
@@ -358,10 +357,8 @@ class DecoderParams(Mapping[str, Any]):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"decoder parameter file {path} does not exist")
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
-            raise ValueError(f"{path}: not valid JSON ({type(err).__name__}: {err})") from None
+        # strict JSON: a key given twice (json would keep the last one silently) is refused, naming the key
+        return read_json_file(path, max_bytes=64 * 1024**2, what="decoder parameter file", source=str(path))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> DecoderParams:

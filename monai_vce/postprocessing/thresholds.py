@@ -23,7 +23,6 @@ The file written by :func:`save_thresholds` is a JSON object keyed by label name
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -33,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from monai_vce.labels import LABELS, label_index
-from monai_vce.utils import atomic_write_json
+from monai_vce.utils import atomic_write_json, read_json_file
 
 __all__ = ["DEFAULT_THRESHOLD", "optimize_thresholds", "f1_at_thresholds", "save_thresholds", "load_thresholds"]
 
@@ -186,10 +185,7 @@ def load_thresholds(path: str | os.PathLike) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"thresholds file not found: {path}")
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"thresholds file {path} is not valid JSON: {e}") from None
+    obj = read_json_file(path, max_bytes=16 * 1024**2, what="thresholds file")  # strict: no label given twice
     if not isinstance(obj, dict):
         raise ValueError(
             f"thresholds file {path} must hold a JSON object keyed by label name, got {type(obj).__name__}"

@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = write_report(
             args.pred, args.out, gt=args.gt, probs_dir=args.probs, frame_units=args.frame_units, videos=args.videos
         )
-    except (ImportError, FileNotFoundError, ValueError) as e:  # one paragraph, no traceback
+    except (ImportError, OSError, ValueError) as e:  # one paragraph, no traceback (a file in the way of --out too)
         print(f"error: {e}", file=sys.stderr)
         return 2
     metrics = result["metrics"]

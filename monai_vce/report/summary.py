@@ -9,9 +9,11 @@ since a label predicted in a video without it costs that label's whole AP there.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 
@@ -108,6 +110,40 @@ def per_label_ap(metrics: Mapping[str, Any]) -> dict[str, dict[str, float]]:
         ) from None
 
 
+# characters that could start Markdown or HTML markup inside a table cell
+_MD_SPECIAL = frozenset("\\`*_[]()|~!$")
+_MD_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+
+
+def _md_text(value: Any) -> str:
+    """A video id (or any data) as literal Markdown text for one table cell: markup characters escaped, HTML
+    characters as entities, line breaks and other control characters as blanks."""
+    out = []
+    for c in str(value):
+        if c in _MD_ENTITIES:
+            out.append(_MD_ENTITIES[c])
+        elif c in _MD_SPECIAL:
+            out.append("\\" + c)
+        elif not c.isprintable():
+            out.append(" ")
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def _md_code(value: Any) -> str:
+    """``value`` as a Markdown code span (a path) on one line, fenced by more backticks than it holds."""
+    text = " ".join(str(value).splitlines())
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence, pad = "`" * (longest + 1), " " if longest else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _md_link(text: str, target: str) -> str:
+    """A Markdown link to a relative file path: each path segment percent-encoded (file names may hold ``%``)."""
+    return f"[{text}](" + "/".join(quote(part) for part in str(target).split("/")) + ")"
+
+
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: Sequence[str] | None = None) -> str:
     align = align or ["l"] + ["r"] * (len(header) - 1)
     sep = [":--" if a == "l" else ("--:" if a == "r" else ":-:") for a in align]
@@ -148,7 +184,7 @@ def summary_markdown(
     out = ["# Evaluation report" if gt_videos is not None else "# Inference report", ""]
     for key, name in (("pred", "Prediction"), ("gt", "Ground truth"), ("probs", "Frame probabilities")):
         if sources and sources.get(key):
-            out.append(f"- {name}: `{sources[key]}`")
+            out.append(f"- {name}: {_md_code(sources[key])}")
     out.append(
         f"- Videos: {len(pred_videos) if gt_videos is None else len(gt_videos)}; frame units: `{as_frame_units(frame_units).value}`"
     )
@@ -159,8 +195,8 @@ def summary_markdown(
         rows: list[list[Any]] = []
         for vid, events in pred_videos.items():
             labels = present_labels(events)
-            link = f"[timeline]({timelines[vid]})" if vid in timelines else ""
-            rows.append([vid, len(events), ", ".join(labels) if labels else "(none)", link])
+            link = _md_link("timeline", timelines[vid]) if vid in timelines else ""
+            rows.append([_md_text(vid), len(events), ", ".join(labels) if labels else "(none)", link])
         out += [_md_table(["video", "events", "predicted labels", "timeline"], rows, ["l", "r", "l", "l"]), ""]
         return "\n".join(out)
 
@@ -181,9 +217,17 @@ def summary_markdown(
     for vid in gt_videos:
         pv = metrics["per_video"][vid]
         codes = list(presence[vid].values())
-        link = f"[timeline]({timelines[vid]})" if vid in timelines else ""
+        link = _md_link("timeline", timelines[vid]) if vid in timelines else ""
         rows.append(
-            [vid, _f(pv["mAP@0.5"]), _f(pv["mAP@0.95"]), codes.count("TP"), codes.count("FP"), codes.count("FN"), link]
+            [
+                _md_text(vid),
+                _f(pv["mAP@0.5"]),
+                _f(pv["mAP@0.95"]),
+                codes.count("TP"),
+                codes.count("FP"),
+                codes.count("FN"),
+                link,
+            ]
         )
     out += [
         _md_table(
@@ -231,7 +275,7 @@ def summary_markdown(
         + "."
     )
     out.append("")
-    rows = [[vid, *(c if c != "TN" else "." for c in presence[vid].values())] for vid in gt_videos]
+    rows = [[_md_text(vid), *(c if c != "TN" else "." for c in presence[vid].values())] for vid in gt_videos]
     out += [_md_table(["video"] + [LABEL_ABBREVIATIONS[n] for n in LABELS], rows, ["l"] + ["c"] * NUM_LABELS), ""]
     return "\n".join(out)
 
@@ -351,7 +395,14 @@ def draw_summary(
                 fontsize=7 if n <= 20 else 5,
                 color="white" if code in ("TP", "FP") else "#333333",
             )
-    ax_pres.set_xticks(np.arange(n), videos, fontsize=8 if n <= 30 else 6, rotation=0 if n <= 20 else 90)
+    ax_pres.set_xticks(
+        np.arange(n),
+        [v if len(v) <= 40 else v[:37] + "..." for v in map(str, videos)],
+        fontsize=8 if n <= 30 else 6,
+        rotation=0 if n <= 20 else 90,
+    )
+    for tick in ax_pres.get_xticklabels():  # video ids are data, never mathtext ("$...$")
+        tick.set_parse_math(False)
     ax_pres.set_xlabel("video", fontsize=9)
     ax_pres.tick_params(axis="y", labelleft=False, length=0)
     ax_pres.axhline(len(ANATOMY) - 0.5, color="#555555", lw=1.0)

@@ -317,7 +317,9 @@ def draw_timeline(
         ax.spines[side].set_visible(False)
 
     # right axis: per-label AP of this video at both thresholds
-    title = f"video {video_id}"
+    # a video id is data: cut to a readable length, and never parsed as mathtext ("$...$") or markup
+    vid_text = str(video_id) if len(str(video_id)) <= 80 else str(video_id)[:77] + "..."
+    title = f"video {vid_text}"
     if scores is not None:
         title += f"    mAP@0.5 = {float(scores['mAP@0.5']):.3f}    mAP@0.95 = {float(scores['mAP@0.95']):.3f}"
         ap = scores.get("AP", {})
@@ -334,7 +336,7 @@ def draw_timeline(
         right.set_ylabel("AP@0.5 / AP@0.95", fontsize=9)
         for side in ("top", "left"):
             right.spines[side].set_visible(False)
-    fig.text(0.01, 0.965, title, fontsize=13, fontweight="bold", ha="left", va="center")
+    fig.text(0.01, 0.965, title, fontsize=13, fontweight="bold", ha="left", va="center", parse_math=False)
     fig.text(
         0.01,
         0.925,

@@ -69,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_full_frames=args.max_full_frames,
             num_workers=args.workers,
         )
-    except (ImportError, FileNotFoundError, ValueError) as e:
+    except (ImportError, OSError, ValueError) as e:  # one line, no traceback (a file in the way of --out too)
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps({"index": str(Path(index).resolve())}))

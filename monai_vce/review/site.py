@@ -10,8 +10,9 @@ Layout written by :func:`write_review_site`::
     REVIEW_DIR/exams/<name>/thumbs/     JPEG thumbnails (the timeline strip and the events)
     REVIEW_DIR/exams/<name>/frames/     full-size JPEG frames around the events (exams stored as video files)
 
-``<name>`` is the video id reduced to portable characters plus a hash of the id, so any id (even one made of
-markup) gives a distinct, harmless file name. Every page opens from disk (``file://``): data files are
+``<name>`` is the video's file name (:func:`monai_vce.events.video_file_name`, the name of all its files: ASCII
+letters, digits, ``-``, ``_`` and ``.`` kept, any other character as ``%XX``), so any id (even one made of markup
+or a path) gives a distinct, harmless file name; links to it are percent-encoded again. Every page opens from disk (``file://``): data files are
 scripts, not fetched JSON; nothing is loaded from the network. Video ids and labels reach the pages only as
 JSON data and are inserted as text, never as markup.
 
@@ -35,6 +36,7 @@ from urllib.parse import quote
 import numpy as np
 
 from monai_vce.data.video import video_source
+from monai_vce.events.probabilities import check_video_ids, probability_file, video_file_name
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import ANATOMY, LABELS, PATHOLOGY, SECTIONS
 from monai_vce.metrics import check_events, load_events
@@ -63,13 +65,12 @@ SECTION_COLORS: dict[str, str] = {
 }
 PathLike = str | os.PathLike
 _ASSETS = Path(__file__).resolve().parent / "assets"
-_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def exam_file_name(video_id: str) -> str:
-    """A portable, collision-free file name for a video id: its safe characters plus a hash of the whole id."""
-    stem = _SAFE.sub("_", str(video_id)).strip("._")[:48] or "video"
-    return f"{stem}-{hashlib.sha1(str(video_id).encode('utf-8')).hexdigest()[:8]}"
+    """The file name (without suffix) of an exam's page and folder: the video's file name
+    (:func:`monai_vce.events.video_file_name`), portable and distinct for distinct ids."""
+    return video_file_name(video_id, "")
 
 
 def js_data(name: str, obj: Any) -> str:
@@ -223,7 +224,7 @@ def exam_data(
             full_rows = full_rows[: max_full_frames + len(strip)]
     frames: dict[str, Any]
     if exam.video is not None:
-        frames = {"kind": "stored", "dir": f"{name}/frames", "rows": _b64(full_rows.astype("<i4"))}
+        frames = {"kind": "stored", "dir": f"{quote(name)}/frames", "rows": _b64(full_rows.astype("<i4"))}
     else:
         assert exam.images is not None
         folders = {os.path.dirname(p) for p in exam.images}
@@ -261,7 +262,7 @@ def exam_data(
         "probs": probs,
         "events": events,
         "gt": gt,
-        "thumbs": {"dir": f"{name}/thumbs", "rows": _b64(thumb_rows.astype("<i4")), "size": thumb_size},
+        "thumbs": {"dir": f"{quote(name)}/thumbs", "rows": _b64(thumb_rows.astype("<i4")), "size": thumb_size},
         "frames": frames,
     }
     job = ImageJob(
@@ -276,7 +277,7 @@ def exam_data(
     found = {n for e in events for n in e["label"]}
     entry = {
         "video_id": exam.video_id,
-        "page": f"exams/{name}.html",
+        "page": f"exams/{quote(name)}.html",
         "state_key": data["state_key"],
         "num_frames": t,
         "fps": exam.fps,
@@ -377,11 +378,19 @@ def write_review_site(
             message names the file and the video.
     """
     frame_units = as_frame_units(frame_units).value
+    _check_settings(
+        strip_frames=strip_frames,
+        max_event_thumbnails=max_event_thumbnails,
+        max_full_frames=max_full_frames,
+        thumb_size=thumb_size,
+        num_workers=num_workers,
+        fps=fps,
+    )
     pred_obj, pred_src = _load_events_arg(pred, "prediction")
     gt_obj = _load_events_arg(gt, "ground truth")[0] if gt is not None else None
     pred_videos = {str(v["video_id"]): list(v["events"]) for v in pred_obj["videos"]}
     gt_videos = {str(v["video_id"]): list(v["events"]) for v in gt_obj["videos"]} if gt_obj is not None else None
-    order = list(pred_videos) if videos is None else [str(v) for v in videos]
+    order = check_video_ids(pred_videos if videos is None else videos, str(pred_src))
     unknown = [v for v in order if v not in pred_videos]
     if unknown:
         raise ValueError(f"video(s) {', '.join(map(repr, unknown))} not in {pred_src}")
@@ -394,7 +403,10 @@ def write_review_site(
         raise FileNotFoundError(f"no frames of video(s) {', '.join(map(repr, missing))} in {where}")
     out = Path(out_dir)
     exams_dir = out / "exams"
-    exams_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        exams_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise NotADirectoryError(f"cannot write the review site into {out}: a file is in its way") from None
     params = {
         "strip_frames": strip_frames,
         "max_event_thumbnails": max_event_thumbnails,
@@ -407,7 +419,7 @@ def write_review_site(
     for vid in order:
         npz = None
         if probs_dir is not None:
-            npz = Path(probs_dir) / f"{vid}.npz"
+            npz = probability_file(probs_dir, vid)
             if not npz.is_file():
                 raise FileNotFoundError(f"probability file {npz} of video {vid!r} not found")
         exam = load_exam(
@@ -447,6 +459,28 @@ def write_review_site(
     }
     atomic_write_text(out / "index.js", js_data("VCE_INDEX", index))
     return atomic_write_text(out / "index.html", _INDEX_PAGE.format(count=len(entries)))
+
+
+#: Accepted range of each numeric setting of :func:`write_review_site` (inclusive).
+_SETTINGS: dict[str, tuple[int, int]] = {
+    "strip_frames": (0, 100_000),
+    "max_event_thumbnails": (0, 100_000),
+    "max_full_frames": (0, 1_000_000),
+    "thumb_size": (16, 2048),
+    "num_workers": (1, 1024),
+}
+
+
+def _check_settings(fps: float | None, **values: Any) -> None:
+    """One line naming the setting when a number is out of its range (before anything is written)."""
+    for name, value in values.items():
+        if value is None and name == "num_workers":
+            continue
+        lo, hi = _SETTINGS[name]
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
+            raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+    if fps is not None and not (isinstance(fps, (int, float)) and np.isfinite(fps) and 0 < fps <= 10_000):
+        raise ValueError(f"fps must be a frame rate in (0, 10000] frames per second, got {fps!r}")
 
 
 def _check_range(exam: Exam, events: Sequence[Mapping[str, Any]], role: str, frame_units: str) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from monai_vce.data.frame_checks import JPEG_SIGNATURE, PNG_SIGNATURE, check_png, decode_rgb, read_frame_bytes
 from monai_vce.data.video import iter_video_frames
 
 __all__ = ["ImageJob", "render_jobs", "jpeg_bytes"]
@@ -67,18 +68,18 @@ def jpeg_bytes(rgb: np.ndarray, max_side: int | None, quality: int) -> bytes:
 
 
 def _read_rgb(path: str) -> np.ndarray:
-    from PIL import Image
-
-    try:
-        with Image.open(path) as im:
-            if im.mode.startswith("I"):  # 16-bit grayscale: scale to 8 bit as the frame loader does
-                a = np.asarray(im, dtype=np.int32)
-                return np.repeat(((a * 255 + 32767) // 65535).astype(np.uint8)[..., None], 3, axis=2)
-            return np.asarray(im.convert("RGB"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"frame file not found: {path}") from None
-    except Exception as e:
-        raise ValueError(f"unreadable frame file {path}: {type(e).__name__}: {e}") from None
+    # the frame loader's checks (structure, checksums, pixel limit from the header) before Pillow decodes
+    data = read_frame_bytes(path)  # a regular file, bounded
+    if data.startswith(PNG_SIGNATURE):
+        check_png(data, path)
+        rgb = decode_rgb(data, path, "png")
+    elif data.startswith(JPEG_SIGNATURE):
+        rgb = decode_rgb(data, path, "jpeg")
+    else:
+        raise ValueError(f"unreadable frame file {path}: neither PNG nor JPEG content")
+    if rgb.dtype != np.uint8:  # 16-bit grayscale: scale to 8 bit as the frame loader does
+        return ((rgb.astype(np.int32) * 255 + 32767) // 65535).astype(np.uint8)
+    return rgb
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from monai_vce.events.units import FrameUnits
+from monai_vce.utils import read_json_file
 
 from .files import read_videos, refine_folder
 from .protocol import LeakageError
@@ -103,10 +104,10 @@ def _fit(args: argparse.Namespace) -> dict[str, Any]:
     trained_on = None
     if args.frame_model_videos:
         path = Path(args.frame_model_videos)
-        try:
-            trained_on = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"{path}: not a readable JSON file ({e})") from None
+        try:  # strict and bounded, as every JSON file a user hands in
+            trained_on = read_json_file(path, max_bytes=64 * 1024**2, what="frame-model video list")
+        except OSError as e:
+            raise ValueError(f"{path}: not a readable JSON file ({e.strerror or e})") from None
     refiner = fit_refiner(
         videos,
         args.inputs,

@@ -13,10 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from monai_vce.events.probabilities import (
     VideoArrays,
     load_video_probs,
-    npz_record,
     probability_file,
     probability_files,
     save_video_probs,
@@ -103,6 +104,22 @@ def read_videos(
     return out
 
 
+def _refined_from(target: Path, video: VideoArrays, source: str) -> bool:
+    """Whether ``target`` is the refined file of ``video`` by ``source``: the same frames (ids, not just their count:
+    a video re-inferred after its frames were renumbered is refined again)."""
+    if not target.is_file():
+        return False
+    try:
+        old = load_video_probs(target, video_id=video.video_id)
+    except (OSError, ValueError):
+        return False
+    return (
+        old.source == source
+        and np.array_equal(old.frame_index, video.frame_index)
+        and np.array_equal(old.frame_number, video.frame_number)
+    )
+
+
 def refine_folder(
     refiner: TemporalRefiner,
     probs_dir: PathLike,
@@ -147,8 +164,7 @@ def refine_folder(
     for vid, path in files.items():
         target = probability_file(out_dir, vid)
         video = _with_features(path, refiner.inputs != "probs")
-        record = npz_record(target) if target.is_file() else None
-        if record is not None and record == (len(video), source):
+        if _refined_from(target, video, source):
             kept.append(vid)
             continue
         try:
