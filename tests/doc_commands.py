@@ -80,7 +80,7 @@ def doc_commands(paths: list[Path]) -> dict[str, list]:
     files: dict[str, str] = {}
     for path in paths:
         for lang, tag, text, line in blocks(path):
-            where = f"{path.name}:{line}"
+            where = f"{path.parent.name}/{path.name}:{line}"
             if lang == "json" and tag.endswith(".json"):
                 files[tag] = text
                 continue
@@ -97,7 +97,8 @@ def doc_commands(paths: list[Path]) -> dict[str, list]:
 
 def entry(cmd: str) -> tuple:
     """What a command runs: program, module, sub-commands and the set of bundle configs (demo.json aside)."""
-    tokens = shlex.split(cmd, comments=True)
+    tokens = shlex.split(cmd)  # not comments=True: it would end "--reduction#stride" at its "#"
+    tokens = tokens[: next((i for i, t in enumerate(tokens) if t.startswith("#")), len(tokens))]  # trailing comment
     while tokens and re.match(r"^\w+=", tokens[0]):  # VAR=value prefixes
         tokens = tokens[1:]
     prog = Path(tokens[0]).name if tokens else ""
