@@ -18,25 +18,29 @@ setting. Tuned decoders are cached in ``--work-dir`` (keyed by noise, folds, see
 overridden, e.g. ``'correlated={"base": "low", "rho": 0.98, "flicker_length": 8}'`` (frame noise correlated
 over longer stretches, flicker in runs, as when a capsule lingers).
 
-``pipeline``. The real pipeline on a generated mini-Galar (PNG frames, DataLoader workers, the tiny network with
-random weights, :class:`monai_vce.inference.ReducedInference` writing per-video files and the event JSON): wall
-time, frames inferred and mAP of full and reduced inference, side by side in one run. The tiny network's
-probabilities carry no information about the labels, so its mAP only shows that the pipeline runs end to end;
-the time shows the driver's overhead around the network.
+``pipeline``. The bundle's inference as users run it (``inference.json`` + ``demo.json`` through
+``monai.bundle``, the reduction keys set per run) with the tiny model trained once with the demo's settings
+(``python -m monai.bundle run training --config_file "['bundle/configs/train.json','bundle/configs/demo.json']"``,
+into ``--work-dir``, or ``--ckpt-dir`` of a trained run) on generated mini-Galar test videos of the demo's
+distribution (another seed): wall time of the inference run (model loading, PNG decoding in the loader, network,
+per-video files, events), frames inferred and temporal mAP against the test videos' ground truth, of full
+inference, strided inference, coarse-to-fine refinement and near-duplicate skipping, side by side in one run.
 
 Usage (from the repository root)::
 
     python benchmarks/frame_reduction.py simulated --work-dir /tmp/frame_reduction
     python benchmarks/frame_reduction.py simulated --quick          # 16 videos, one level, for a fast check
-    python benchmarks/frame_reduction.py pipeline --videos 4 --frames 400
+    python benchmarks/frame_reduction.py pipeline --work-dir /tmp/frame_reduction_pipeline
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -193,66 +197,150 @@ def cmd_simulated(args: argparse.Namespace) -> None:
         )
 
 
+BUNDLE = Path(__file__).resolve().parents[1] / "bundle"
+
+#: Inference settings of the pipeline table: ``(name, reduction keys of inference.json)``.
+PIPELINE_METHODS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("full", {}),
+    ("every frame, reduced-inference driver (budget 1.0)", {"budget": 1.0}),
+    ("strided k=2", {"stride": 2, "refine": False}),
+    ("strided k=4", {"stride": 4, "refine": False}),
+    ("strided k=8", {"stride": 8, "refine": False}),
+    ("coarse-to-fine k=4", {"stride": 4}),
+    ("coarse-to-fine k=8", {"stride": 8}),
+    ("coarse-to-fine k=16", {"stride": 16}),
+    ("coarse-to-fine k=8, margin 0.1", {"stride": 8, "margin": 0.1}),
+)
+
+
+def bundle_workflow(configs: Sequence[str], workflow_type: str, **override: Any) -> Any:
+    """A ``monai.bundle`` workflow of the bundle's configs (plus ``demo.json``), as ``python -m monai.bundle run``
+    builds it, initialised."""
+    from monai.bundle import ConfigWorkflow
+
+    wf = ConfigWorkflow(
+        config_file=[str(BUNDLE / "configs" / c) for c in (*configs, "demo.json")],
+        meta_file=str(BUNDLE / "configs" / "metadata.json"),
+        logging_file=str(BUNDLE / "configs" / "logging.conf"),
+        workflow_type=workflow_type,
+        bundle_root=str(BUNDLE),
+        **override,
+    )
+    wf.initialize()
+    return wf
+
+
+def trained_model(work_dir: Path) -> Path:
+    """The checkpoint folder of the tiny model trained once with the demo's settings (trained when missing)."""
+    demo_dir = work_dir / "demo"
+    models = demo_dir / "models"
+    if not (models / "model.pt").is_file() or not (models / "decoder.json").is_file():
+        print(
+            "training the tiny model with the demo settings: python -m monai.bundle run training --config_file "
+            f"\"['bundle/configs/train.json','bundle/configs/demo.json']\" --demo_dir {demo_dir} --progress False",
+            file=sys.stderr,
+            flush=True,
+        )
+        wf = bundle_workflow(["train.json"], "train", demo_dir=str(demo_dir), progress=False)
+        wf.run()
+        wf.finalize()
+    return models
+
+
+def inferred_frames(probs_dir: Path) -> tuple[int, int]:
+    """``(frames inferred, frames)`` over the probability files of a run (no ``inferred`` mask: every frame)."""
+    from monai_vce.events.probabilities import load_video_probs, probability_files
+
+    inferred = frames = 0
+    for path in probability_files(probs_dir).values():
+        video = load_video_probs(path)
+        frames += len(video)
+        inferred += len(video) if video.inferred is None else int(video.inferred.sum())
+    return inferred, frames
+
+
 def cmd_pipeline(args: argparse.Namespace) -> None:
     import torch
 
-    from monai_vce.inference import ReducedInference
     from monai_vce.metrics import temporal_map
-    from monai_vce.networks import TINY_MODEL_NAME, DiffAttnCLIPClassifier
-    from monai_vce.postprocessing import DecoderParams
-    from monai_vce.workflows import ensure_mini_galar, inference_datalist
+    from monai_vce.workflows import ensure_mini_galar
 
-    torch.manual_seed(0)
     torch.set_num_threads(args.threads)
-    root = Path(args.data_dir or tempfile.mkdtemp(prefix="frame_reduction_data_"))
-    data = ensure_mini_galar(root / "mini_galar", videos=args.videos, frames_per_video=args.frames, size=args.size)
-    datalist = inference_datalist(data)
+    work_dir = Path(args.work_dir or tempfile.mkdtemp(prefix="frame_reduction_"))
+    models = Path(args.ckpt_dir) if args.ckpt_dir else trained_model(work_dir)
+    data = ensure_mini_galar(
+        work_dir / f"test_{args.videos}x{args.frames}_seed{args.seed}",
+        videos=args.videos,
+        frames_per_video=args.frames,
+        size=64,
+        seed=args.seed,
+        use_real_timelines=False,
+    )
     gt = _load(Path(data) / "ground_truth.json")
-    network = DiffAttnCLIPClassifier(backbone=TINY_MODEL_NAME, pretrained=False, image_size=64).eval()
-    decoder = DecoderParams.paper(anatomy={"enabled": True, "entry_cost": 0.0})
+    methods = list(PIPELINE_METHODS) + [
+        (f"near-duplicate tolerance {t:g}", {"duplicate_tolerance": t}) for t in args.duplicate_tolerances
+    ]
     load = os.getloadavg()
     print(
-        f"mini-Galar: {args.videos} videos x {args.frames} frames, {args.size} px PNG; tiny network (random weights, "
-        f"64 px), batch {args.batch_size}, {args.workers} workers, {args.threads} threads; load average before: "
-        f"{load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} on {os.cpu_count()} cores",
+        f"bundle inference (inference.json + demo.json) of the tiny model trained with the demo settings ({models}) "
+        f"on a generated mini-Galar test set: {args.videos} videos x {args.frames} frames, 64 px PNG, seed "
+        f"{args.seed}; batch {args.batch_size}, {args.workers} workers, {args.threads} threads, best wall time of "
+        f"{args.repeats}; load average before: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} on {os.cpu_count()} cores",
         flush=True,
     )
-    rows = []
-    for name, kwargs in (
-        ("full", {"stride": 1}),
-        ("strided k=4", {"stride": 4, "refine": False}),
-        ("coarse-to-fine k=8", {"stride": 8}),
-    ):
-        out = root / name.replace(" ", "_").replace("=", "")
-        runner = ReducedInference(
-            network,
-            datalist,
-            out / "probs",
-            events_file=out / "events.json",
-            decoder=decoder,
-            image_size=64,
+
+    def infer(name: str, reduction: dict[str, Any]) -> tuple[float, Path]:
+        out = work_dir / "runs" / Path(data).name / name.replace(" ", "_").replace("=", "").replace(",", "")
+        shutil.rmtree(out, ignore_errors=True)  # the files of this run only
+        keys = {"stride": 1, "refine": True, "budget": None, "margin": 0.3, "duplicate_tolerance": 0.0}
+        wf = bundle_workflow(
+            ["inference.json"],
+            "infer",
+            dataset_dir=str(data),
+            ckpt_dir=str(models),
+            output_dir=str(out),
             batch_size=args.batch_size,
             num_workers=args.workers,
             resume=False,
             progress=False,
-            **kwargs,
+            report=False,
+            reduction={**keys, "options": {}, **reduction},
         )
+        # the DataLoader workers of earlier runs in this process are stopped when collected (seconds each): not here
+        gc.collect()
         t = time.perf_counter()
-        path = runner.run()
+        wf.run()
         wall = time.perf_counter() - t
-        score = temporal_map(gt, path)
-        inferred = sum(s["inferred"] for s in runner.stats.values())
-        frames = sum(s["frames"] for s in runner.stats.values())
-        rows.append((name, wall, inferred, frames, runner.predictor.seconds, score["mAP@0.5"], score["mAP@0.95"]))
+        wf.finalize()
+        return wall, out
+
+    for reduction in ({}, {"stride": 8}):  # page cache, lazy imports of both paths
+        infer("warm-up", reduction)
+    rows = []
+    for name, reduction in methods:
+        walls = []
+        for _ in range(args.repeats):
+            wall, out = infer(name, reduction)
+            walls.append(wall)
+        score = temporal_map(gt, _load(out / "events.json"))
+        inferred, frames = inferred_frames(out / "probs")
+        rows.append((name, min(walls), inferred, frames, score["mAP@0.5"], score["mAP@0.95"]))
+        print(
+            f"[{name}] {inferred}/{frames} frames, {min(walls):.2f} s, mAP {score['mAP@0.5']:.4f} / "
+            f"{score['mAP@0.95']:.4f}",
+            file=sys.stderr,
+            flush=True,
+        )
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}")
     print()
-    print("| inference | frames inferred | wall s | network + loading s | frames/s of the video | mAP@0.5 | mAP@0.95 |")
-    print("|---|---|---|---|---|---|---|")
-    for name, wall, inferred, frames, model_s, m5, m95 in rows:
+    print("| inference | frames inferred | wall s | frames of the videos/s | mAP@0.5 | change | mAP@0.95 | change |")
+    print("|---|---|---|---|---|---|---|---|")
+    base5, base95 = rows[0][4], rows[0][5]
+    for name, wall, inferred, frames, m5, m95 in rows:
         print(
-            f"| {name} | {inferred}/{frames} ({100 * inferred / frames:.1f}%) | {wall:.2f} | {model_s:.2f} | "
-            f"{frames / wall:.0f} | {m5:.4f} | {m95:.4f} |"
+            f"| {name} | {inferred}/{frames} ({100 * inferred / frames:.1f}%) | {wall:.2f} | {frames / wall:.0f} | "
+            f"{m5:.4f} | {m5 - base5:+.4f} | {m95:.4f} | {m95 - base95:+.4f} |"
         )
 
 
@@ -270,14 +358,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     s.add_argument("--refine", nargs="*", default=list(DEFAULT_REFINE), help="coarse-to-fine settings, JSON each")
     s.add_argument("--work-dir", default=None, help="cache of the tuned decoders")
     s.add_argument("--quick", action="store_true", help="16 videos, the first level only")
-    p = sub.add_parser("pipeline", help="the real pipeline on a generated mini-Galar")
-    p.add_argument("--videos", type=int, default=4)
-    p.add_argument("--frames", type=int, default=400)
-    p.add_argument("--size", type=int, default=64, help="PNG size of the generated frames")
+    p = sub.add_parser("pipeline", help="the bundle's inference of a trained tiny model on a generated mini-Galar")
+    p.add_argument("--videos", type=int, default=12)
+    p.add_argument("--frames", type=int, default=300)
+    p.add_argument("--seed", type=int, default=1, help="seed of the generated test videos (the demo trains on seed 0)")
+    p.add_argument("--duplicate-tolerances", type=float, nargs="*", default=[4.0, 8.0, 12.0, 16.0])
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--data-dir", default=None)
+    p.add_argument("--repeats", type=int, default=2, help="runs per setting (the best wall time is reported)")
+    p.add_argument("--ckpt-dir", default=None, help="a trained checkpoint folder (model.pt, decoder.json)")
+    p.add_argument("--work-dir", default=None, help="the trained model, the test videos and the runs")
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in ("simulated", "pipeline", "-h", "--help"):
         argv = ["simulated", *argv]

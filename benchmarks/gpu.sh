@@ -10,7 +10,7 @@
 #   bash benchmarks/gpu.sh --device cpu --tiny                  # smoke test of the same path on a CPU
 #   PYTHON=/path/to/python WHEELHOUSE=/path/to/wheelhouse bash benchmarks/gpu.sh
 #
-# Installing: when monai_vce or one of its dependencies does not import, the wheels of WHEELHOUSE (default
+# Installing: when one of the project's dependencies does not import, the wheels of WHEELHOUSE (default
 # benchmarks/wheelhouse) are installed with pip --no-index: into PYTHON's environment when it is a virtual
 # environment, else into a new one, .venv-gpu, that sees the system's packages (so the machine's CUDA torch is
 # used as it is). Nothing is downloaded.
@@ -36,12 +36,9 @@ print(" ".join(m for m in need if importlib.util.find_spec(m) is None))
 PY
 }
 
+# the checkout's own package is what is measured, even where an older monai-vce is installed
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 gone=$(missing "$PY")
-if [ "$gone" = "monai_vce" ]; then
-    # the dependencies are there: run the checkout's own package
-    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-    gone=""
-fi
 if [ -n "$gone" ]; then
     if ! ls "$WHEELHOUSE"/monai_vce-*.whl >/dev/null 2>&1; then
         echo "benchmarks/gpu.sh: missing Python packages: $gone, and no wheelhouse at $WHEELHOUSE" \

@@ -4,13 +4,15 @@ Measures, for the full-size network (ViT-B/16 with differential attention, rando
 autocast):
 
 - inference, model only: ``uint8`` batches already on the device (the ceiling of the end-to-end figure);
-- inference, end to end: PNG files -> DataLoader workers (:class:`monai_vce.data.LoadVCEFramed`, one per core,
-  persistent, prefetching, pinned memory) -> ``uint8`` to the device -> model under ``torch.inference_mode()``
-  -> probabilities on the host -> events with :func:`monai_vce.postprocessing.decode_videos`;
-- reduced inference, end to end: the same frames through :class:`monai_vce.inference.ReducedInference` (strided
-  every 8th frame, and coarse-to-fine from stride 8 aimed at the default decoder), per-video files and events
-  written; frames/s counts the frames of the videos, and the share of frames that went through the network is
-  given (with random weights the refinement has little to go on, so that share is not the one of a trained model);
+- inference, end to end, through the bundle as users run it (``bundle/configs/inference.json`` via
+  ``monai.bundle``, the network's weights read back by the bundle's checkpoint loader): PNG files -> DataLoader
+  workers (one per core, persistent, prefetching, pinned memory) -> ``uint8`` to the device -> model under
+  ``torch.inference_mode()`` -> per-video probability files -> the event JSON (the events stage is also timed
+  alone);
+- reduced inference, end to end, through the same bundle with its ``reduction`` keys (strided every 8th frame,
+  and coarse-to-fine from stride 8 aimed at the default decoder): frames/s counts the frames of the videos, and
+  the share of frames that went through the network is given (with random weights the refinement has little to
+  go on, so that share is not the one of a trained model);
 - training, model only: forward + asymmetric focal loss + backward + AdamW step on device-resident batches;
 - training, end to end: the same fed by the training augmentations (:func:`monai_vce.data.vce_train_transforms`)
   in the workers;
@@ -32,6 +34,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import gc
+import json
 import os
 import sys
 import tempfile
@@ -40,7 +44,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import torch
 
 
@@ -81,19 +84,6 @@ def long_list(pool: Sequence[dict], n: int, video_len: int) -> list[dict]:
         }
         for i in range(n)
     ]
-
-
-class _InferFrames(torch.utils.data.Dataset):
-    def __init__(self, data: Sequence[dict], image_size: int):
-        from monai_vce.data import LoadVCEFramed
-
-        self.data, self.load = list(data), LoadVCEFramed(keys="image", image_size=image_size)
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return self.load({"image": self.data[i]["image"]})["image"]
 
 
 def _loader(
@@ -156,62 +146,84 @@ def infer_model_only(model, device, image_size: int, batch: int, batches: int) -
     return batch * batches / (time.perf_counter() - t)
 
 
-def infer_end_to_end(
-    model, device, data: Sequence[dict], image_size: int, batch: int, workers: int
-) -> tuple[float, float]:
-    """frames/s from PNG files to decoded events (workers started inside the timing); also the events seconds."""
-    from monai_vce.data import VCEPrepareBatch
-    from monai_vce.postprocessing import decode_videos
-
-    prepare = VCEPrepareBatch()
-    model.eval()
-    _sync(device)
-    t = time.perf_counter()
-    loader = _loader(_InferFrames(data, image_size), batch, workers, device)
-    outs = []
-    with torch.inference_mode(), _autocast(device):
-        for images in loader:
-            x, _ = prepare({"image": images}, device, non_blocking=True)
-            outs.append(torch.sigmoid(model(x).float()).to("cpu", non_blocking=True))
-    _sync(device)
-    probs = torch.cat(outs).numpy()
-    del loader
-    t_events = time.perf_counter()
-    vids = np.array([d["video_id"] for d in data])
-    ids = np.array([d["frame_index"] for d in data], dtype=np.int64)
-    decode_videos({v: (probs[vids == v], ids[vids == v]) for v in dict.fromkeys(vids.tolist())})
-    end = time.perf_counter()
-    return len(data) / (end - t), end - t_events
+BUNDLE = Path(__file__).resolve().parents[1] / "bundle"
 
 
-def infer_reduced(
-    model, device, data: Sequence[dict], image_size: int, batch: int, workers: int, **reduction
-) -> tuple[float, float]:
-    """frames/s of the videos from PNG files to events with reduced inference (:class:`monai_vce.inference.
-    ReducedInference`: per-video files and the event JSON written); also the share of frames inferred."""
-    from monai_vce.inference import ReducedInference
+def write_datalist(data: Sequence[dict], path: Path) -> Path:
+    """The inference datalist as a JSON file, which the bundle's ``dataset_dir`` accepts in place of a folder."""
+    keys = ("image", "video_id", "frame_index")
+    path.write_text(json.dumps([{k: d[k] for k in keys} for d in data]))
+    return path
 
+
+def bundle_inference(
+    model: torch.nn.Module,
+    device: torch.device,
+    datalist_file: Path,
+    ckpt_dir: Path,
+    image_size: int,
+    batch: int,
+    workers: int,
+    reduction: dict | None = None,
+) -> tuple[float, float, float]:
+    """The bundle's inference as users run it (``bundle/configs/inference.json`` through ``monai.bundle``,
+    the ``reduction`` keys set for reduced inference), with ``model`` as the network (its weights saved in
+    ``ckpt_dir/model.pt`` and loaded by the bundle's checkpoint loader).
+
+    Returns:
+        frames of the videos per second from the start of the run (checkpoint loading, loader workers, network,
+        per-video files and the event JSON), the share of frames that went through the network, and the seconds
+        of the events stage alone (decoding every file into the JSON, timed once more after the run).
+    """
+    from monai.bundle import ConfigWorkflow
+
+    from monai_vce.events.probabilities import load_video_probs, probability_files
+
+    keys = {"stride": 1, "refine": True, "budget": None, "margin": 0.3, "duplicate_tolerance": 0.0, "options": {}}
     with tempfile.TemporaryDirectory() as out:
-        runner = ReducedInference(
-            model,
-            data,
-            out,
+        wf = ConfigWorkflow(
+            config_file=str(BUNDLE / "configs" / "inference.json"),
+            meta_file=str(BUNDLE / "configs" / "metadata.json"),
+            logging_file=False,
+            workflow_type="infer",
+            bundle_root=str(BUNDLE),
+            dataset_dir=str(datalist_file),
+            ckpt_dir=str(ckpt_dir),
+            decoder_params=None,
+            output_dir=out,
+            network=model,
+            device=device,
+            amp=device.type == "cuda",
+            cpu_amp=device.type == "cpu",
+            amp_dtype="bfloat16",
             image_size=image_size,
             batch_size=batch,
             num_workers=workers,
-            device=device,
-            amp=True,
-            resume=False,
             progress=False,
-            **reduction,
+            report=False,
+            review=False,
+            resume=False,
+            compile=False,  # a compiled model is passed in as the network
+            reduction={**keys, **(reduction or {})},
         )
+        wf.initialize()
+        for name in ("dataset", "evaluator", "reduced_inference"):  # built before the clock starts
+            wf.parser.get_parsed_content(name)
+        # the DataLoader workers of earlier runs in this process are stopped when collected (seconds each): not here
+        gc.collect()
         _sync(device)
         t = time.perf_counter()
-        runner.run()
+        wf.run()
         _sync(device)
         wall = time.perf_counter() - t
-    inferred = sum(s["inferred"] for s in runner.stats.values())
-    return len(data) / wall, inferred / len(data)
+        t = time.perf_counter()
+        wf.parser.get_parsed_content("event_writer").write_events()
+        events_s = time.perf_counter() - t
+        wf.finalize()
+        videos = [load_video_probs(p) for p in probability_files(Path(out) / "probs").values()]
+    frames = sum(len(v) for v in videos)
+    inferred = sum(len(v) if v.inferred is None else int(v.inferred.sum()) for v in videos)
+    return frames / wall, inferred / max(frames, 1), events_s
 
 
 def _train_step_fn(model, device) -> Callable[[torch.Tensor, torch.Tensor], None]:
@@ -287,7 +299,7 @@ def _timed(fn: Callable[[], float]) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------------------------------------------------- main
-#: Reduced inference measured end to end (keyword arguments of :class:`monai_vce.inference.ReducedInference`).
+#: Reduced inference measured end to end (the bundle's ``reduction`` keys).
 REDUCTIONS: dict[str, dict] = {"strided": {"stride": 8, "refine": False}, "c2f": {"stride": 8}}
 
 
@@ -298,7 +310,7 @@ def measure_variant(
     args: argparse.Namespace,
     device: torch.device,
     image_size: int,
-    data: Sequence[dict],
+    datalist_file: Path,
     train_data: Sequence[dict],
 ) -> dict[str, object]:
     """Every phase of one network variant (``attention`` ``"diff"`` or ``"plain"``, ``mode`` eager or compiled)."""
@@ -324,17 +336,22 @@ def measure_variant(
     )
     r["infer_peak"] = _peak_gib(device)
     if attention == "diff":
-        phase(
-            ("infer_e2e", "events_s"),
-            lambda: infer_end_to_end(model, device, data, image_size, args.batch_size, args.workers),
-        )
-        for name, reduction in REDUCTIONS.items():
-            phase(
-                (f"infer_{name}", f"share_{name}"),
-                lambda reduction=reduction: infer_reduced(
-                    model, device, data, image_size, args.batch_size, args.workers, **reduction
-                ),
-            )
+        with tempfile.TemporaryDirectory() as ckpt_dir:
+            torch.save(model.state_dict(), Path(ckpt_dir) / "model.pt")  # what the bundle's loader reads back
+            for name, reduction in {"e2e": None, **REDUCTIONS}.items():
+                phase(
+                    (f"infer_{name}", f"share_{name}", f"events_{name}"),
+                    lambda reduction=reduction: bundle_inference(
+                        model,
+                        device,
+                        datalist_file,
+                        Path(ckpt_dir),
+                        image_size,
+                        args.batch_size,
+                        args.workers,
+                        reduction,
+                    ),
+                )
     _reset_peak(device)
     phase(
         ("train_model", "train_model_s"),
@@ -394,6 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pool = make_pool(root, args.pool_videos, args.pool_frames, args.frame_size, args.workers)
         gen_s = time.perf_counter() - t
         data = long_list(pool, args.frames, args.video_len)
+        datalist_file = write_datalist(data, root / "inference_datalist.json")
         train_data = long_list(pool, max(len(pool), args.train_batch_size * (args.train_steps + 2)), args.video_len)
 
         res: dict[str, dict[str, object]] = {}
@@ -401,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for attention in ("diff", "plain"):
             for mode in modes if attention == "diff" else ("eager",):
                 key = f"{attention}/{mode}"
-                res[key] = measure_variant(key, attention, mode, args, device, image_size, data, train_data)
+                res[key] = measure_variant(key, attention, mode, args, device, image_size, datalist_file, train_data)
                 print(
                     f"[{key}] "
                     + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in res[key].items()),
@@ -462,7 +480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"| peak device memory, training (GiB) | {cell('diff/eager', 'train_peak', '{:.2f}')} | {cell('diff/compiled', 'train_peak', '{:.2f}')} |"
     )
     print(
-        f"| events stage of the end-to-end run (s) | {cell('diff/eager', 'events_s', '{:.2f}')} | {cell('diff/compiled', 'events_s', '{:.2f}')} |"
+        f"| events stage of the end-to-end run (s) | {cell('diff/eager', 'events_e2e', '{:.2f}')} | {cell('diff/compiled', 'events_e2e', '{:.2f}')} |"
     )
     for k, what in (("infer", "inference"), ("train", "training")):
         if k in ratio:

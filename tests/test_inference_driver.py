@@ -11,7 +11,15 @@ import torch
 
 from monai_vce.data import LoadVCEFramed
 from monai_vce.data.synthetic import generate_mini_galar
-from monai_vce.inference import FramePredictor, FrameSignatured, ReducedInference, duplicate_anchors, frame_signature
+from monai_vce.events import VideoArrays, load_video_probs, pending_frames, save_video_probs
+from monai_vce.inference import (
+    FramePredictor,
+    FrameSignatured,
+    ReducedInference,
+    duplicate_anchors,
+    frame_signature,
+    resume_sources,
+)
 from monai_vce.labels import NUM_LABELS
 from monai_vce.networks import TINY_MODEL_NAME, DiffAttnCLIPClassifier
 from monai_vce.workflows import inference_datalist
@@ -128,3 +136,51 @@ def test_reduced_inference_skips_near_duplicates(mini, network, tmp_path):
     off = ReducedInference(network, data, tmp_path / "off", duplicate_tolerance=0.0, **common)
     off.run()
     assert off.predictor.frames_inferred == 40
+
+
+def test_resume_between_full_and_reduced_inference(mini, network, tmp_path):
+    """A reduced run reuses the full-inference files of the same model; full inference never reuses reduced ones."""
+    data = inference_datalist(mini / "frames")
+    common = {"image_size": 64, "batch_size": 16, "progress": False, "events_file": None, "source": "model-a"}
+    out = tmp_path / "probs"
+    ReducedInference(network, data, out, stride=8, refine=False, **common).run()
+    assert (
+        load_video_probs(out / "1.npz").source == "model-a|reduced(stride=8,budget=None,refine=False,margin=0.3,dup=0)"
+    )
+    assert pending_frames(data, out, source="model-a") == data  # what the bundle's full inference infers
+    for vid in ("1", "2"):  # full-inference files, as the event writer saves them
+        v = load_video_probs(out / f"{vid}.npz")
+        save_video_probs(out / f"{vid}.npz", VideoArrays(vid, v.probs, v.frame_index, v.frame_number), "model-a")
+    assert pending_frames(data, out, source="model-a") == []
+    reduced = ReducedInference(network, data, out, stride=4, **common)
+    reduced.run()
+    assert reduced.predictor.frames_inferred == 0
+    other_model = ReducedInference(network, data, out, stride=4, refine=False, **{**common, "source": "model-b"})
+    other_model.run()
+    assert other_model.predictor.frames_inferred == 2 * 11
+    # the bundle filters its dataset with the same rule
+    keys = {"stride": 4, "refine": True, "budget": None, "margin": 0.3, "duplicate_tolerance": 0.0, "options": {}}
+    assert resume_sources("model-a", keys) == ["model-a", reduced.stored_source]
+    assert resume_sources("model-a", {**keys, "stride": 1}) == resume_sources("model-a") == ["model-a"]
+
+
+def test_probs_transform_composes_with_reduced_inference(mini, network, tmp_path):
+    """A probability transform (the hook of a temporal refiner) is what the refinement aims at and what the events
+    are decoded from; the files keep the frame model's probabilities."""
+    data = inference_datalist(mini / "frames")
+    calls = []
+
+    def sharpen(probs: np.ndarray) -> np.ndarray:
+        calls.append(len(probs))
+        return np.where(probs > np.median(probs, axis=0), 0.9, 0.1).astype(np.float32)
+
+    run = ReducedInference(
+        network, data, tmp_path / "out", stride=8, probs_transform=sharpen, image_size=64, batch_size=16, progress=False
+    )
+    events = {v["video_id"]: v["events"] for v in json.loads(run.run().read_text())["videos"]}
+    assert calls.count(40) >= 4  # every video: at least one refinement round and the writer
+    for vid in ("1", "2"):
+        video = load_video_probs(tmp_path / "out" / f"{vid}.npz")
+        assert not np.isin(video.probs, (0.1, 0.9)).all()
+        assert events[vid] == run.decoder(sharpen(video.probs), video.frame_index, video_id=vid)
+        assert events[vid] != run.decoder(video.probs, video.frame_index, video_id=vid)

@@ -89,3 +89,25 @@ def test_one_place_names_the_files_of_a_video(tmp_path):
     for bad in ("", "x" * 201):
         with pytest.raises(ValueError, match=r"non-empty|too long"):
             video_file_name(bad)
+
+
+def test_the_inferred_mask_of_reduced_inference(tmp_path):
+    video = _video("3", T=6)
+    assert load_video_probs(save_video_probs(tmp_path / "3.npz", video)).inferred is None  # full inference
+    video.inferred = np.array([1, 0, 0, 1, 0, 1], dtype=bool)
+    back = load_video_probs(save_video_probs(tmp_path / "3.npz", video, source="model|reduced(stride=2)"))
+    assert back.inferred is not None and back.inferred.dtype == np.bool_
+    np.testing.assert_array_equal(back.inferred, video.inferred)
+    video.inferred = np.ones(5, dtype=bool)
+    with pytest.raises(ValueError, match=r"video '3': 'inferred' must be 6 booleans"):
+        save_video_probs(tmp_path / "bad.npz", video)
+    good = {"probs": video.probs, "frame_index": video.frame_index, "frame_number": video.frame_number}
+    path = atomic_save_npz(tmp_path / "mask.npz", **good, labels=np.asarray(LABELS), inferred=np.ones(6, np.int64))
+    with pytest.raises(ValueError, match=r"mask\.npz: 'inferred' must be 6 booleans"):
+        load_video_probs(path)
+    # resume accepts one source or any of several
+    items = [{"video_id": "3", "frame_index": 20 + i, "frame_number": 100 + 5 * i} for i in range(6)]
+    assert completed_videos(items, tmp_path, source="model") == []
+    assert completed_videos(items, tmp_path, source="model|reduced(stride=2)") == ["3"]
+    assert completed_videos(items, tmp_path, source=("model", "model|reduced(stride=2)")) == ["3"]
+    assert completed_videos(items, tmp_path, source=["model", "model|reduced(stride=4)"]) == []

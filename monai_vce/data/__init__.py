@@ -17,7 +17,15 @@ from .galar import (
     read_metadata,
     verify_frames,
 )
-from .splits import group_by_video, kfold_videos, lazy_split_videos, split_videos, video_ids, video_label_presence
+from .splits import (
+    group_by_video,
+    kfold_videos,
+    lazy_split_videos,
+    split_videos,
+    video_ids,
+    video_label_presence,
+    video_rows,
+)
 
 __all__ = [
     "GalarReport",
@@ -37,6 +45,7 @@ __all__ = [
     "galar_ground_truth",
     "inference_datalist",
     "group_by_video",
+    "video_rows",
     "kfold_videos",
     "lazy_split_videos",
     "split_videos",

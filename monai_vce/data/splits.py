@@ -32,6 +32,7 @@ from monai_vce.utils import LazySequence, natural_key
 
 __all__ = [
     "group_by_video",
+    "video_rows",
     "video_ids",
     "video_label_presence",
     "assign_video_groups",
@@ -47,6 +48,24 @@ def video_ids(datalist: Sequence[Mapping[str, Any]]) -> list[str]:
     return sorted({str(d["video_id"]) for d in datalist}, key=natural_key)
 
 
+def video_rows(datalist: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """The positions of each video's items in a datalist.
+
+    Args:
+        datalist: frame dicts with a ``video_id``.
+
+    Returns:
+        ``{video_id: int64 positions}`` with videos in natural id order and positions in datalist order.
+    """
+    if not datalist:
+        return {}
+    ids, inverse = np.unique(np.array([str(d["video_id"]) for d in datalist]), return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    parts = np.split(order.astype(np.int64), np.cumsum(np.bincount(inverse, minlength=ids.size))[:-1])
+    rows = {str(v): r for v, r in zip(ids.tolist(), parts, strict=True)}
+    return {k: rows[k] for k in sorted(rows, key=natural_key)}
+
+
 def group_by_video(datalist: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
     """Group datalist items by ``video_id``.
 
@@ -56,10 +75,7 @@ def group_by_video(datalist: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapp
     Returns:
         ``{video_id: [items]}`` with videos in natural id order and items in datalist order.
     """
-    groups: dict[str, list[Mapping[str, Any]]] = {}
-    for d in datalist:
-        groups.setdefault(str(d["video_id"]), []).append(d)
-    return {k: groups[k] for k in sorted(groups, key=natural_key)}
+    return {vid: [datalist[i] for i in rows.tolist()] for vid, rows in video_rows(datalist).items()}
 
 
 def video_label_presence(datalist: Sequence[dict]) -> tuple[list[str], np.ndarray]:

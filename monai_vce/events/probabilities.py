@@ -13,6 +13,9 @@ key                 array                       meaning
 ``video_id``        str ``()``, optional        the video id (files of earlier versions lack it)
 ``source``          str ``()``, optional        what wrote the file (:func:`model_fingerprint`)
 ``features``        float16 ``(T, D)``, opt.    the pooled image feature of each frame
+``inferred``        bool ``(T,)``, optional     frames that went through the network (reduced
+                                                inference; the others were filled in); absent:
+                                                every frame was inferred
 ==================  ==========================  ==================================================
 
 Files are written atomically, so a file that exists is complete. :func:`video_file_name` is the one place where a
@@ -41,7 +44,7 @@ import os
 import string
 import warnings
 import zipfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -98,9 +101,11 @@ class VideoArrays:
         targets: ``(T, 17)`` float32 targets, or ``None`` when the frames had none.
         features: ``(T, D)`` per-frame features, or ``None``.
         source: what produced the probabilities (``""`` when unknown).
+        inferred: ``(T,)`` bool mask of the frames that went through the network (reduced inference), or
+            ``None`` when every frame did.
     """
 
-    __slots__ = ("features", "frame_index", "frame_number", "probs", "source", "targets", "video_id")
+    __slots__ = ("features", "frame_index", "frame_number", "inferred", "probs", "source", "targets", "video_id")
 
     def __init__(
         self,
@@ -111,6 +116,7 @@ class VideoArrays:
         targets: np.ndarray | None = None,
         features: np.ndarray | None = None,
         source: str = "",
+        inferred: np.ndarray | None = None,
     ) -> None:
         self.video_id = video_id
         self.probs = probs
@@ -119,6 +125,7 @@ class VideoArrays:
         self.targets = targets
         self.features = features
         self.source = source
+        self.inferred = inferred
 
     @property
     def labels(self) -> np.ndarray | None:
@@ -227,7 +234,8 @@ def probability_files(folder: PathLike) -> dict[str, Path]:
 
 
 def save_video_probs(path: PathLike, video: VideoArrays, source: str | None = None) -> Path:
-    """Write one video's probabilities (and features, when it has them) in the format above, atomically.
+    """Write one video's probabilities (and features and the inferred mask, when it has them) in the format
+    above, atomically.
 
     Args:
         path: the file (name it with :func:`probability_file`).
@@ -245,6 +253,14 @@ def save_video_probs(path: PathLike, video: VideoArrays, source: str | None = No
     }
     if video.features is not None:
         arrays["features"] = np.asarray(video.features, dtype=np.float16)
+    if video.inferred is not None:
+        inferred = np.asarray(video.inferred)
+        if inferred.shape != arrays["probs"].shape[:1] or inferred.dtype != np.bool_:
+            raise ValueError(
+                f"video {video.video_id!r}: 'inferred' must be {len(arrays['probs'])} booleans (one per frame), "
+                f"got {inferred.dtype} {inferred.shape}"
+            )
+        arrays["inferred"] = inferred
     return atomic_save_npz(path, **arrays)
 
 
@@ -265,7 +281,7 @@ def load_video_probs(path: PathLike, features: bool = False, video_id: str | Non
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"probability file {path} not found")
-    keys = ("probs", "frame_index", "frame_number", "labels", "video_id", "source") + (
+    keys = ("probs", "frame_index", "frame_number", "labels", "video_id", "source", "inferred") + (
         ("features",) if features else ()
     )
     _check_member_sizes(path, keys)
@@ -294,6 +310,12 @@ def load_video_probs(path: PathLike, features: bool = False, video_id: str | Non
     feats = data.get("features")
     if feats is not None and (feats.ndim != 2 or feats.shape[0] != T or not np.issubdtype(feats.dtype, np.floating)):
         raise ValueError(f"probability file {path}: 'features' must be a float (T={T}, D) array, got {feats.shape}")
+    inferred = data.get("inferred")
+    if inferred is not None and (inferred.shape != (T,) or inferred.dtype != np.bool_):
+        raise ValueError(
+            f"probability file {path}: 'inferred' must be {T} booleans (one per row of 'probs'), "
+            f"got {inferred.dtype} {inferred.shape}"
+        )
     stored = data.get("video_id")
     if stored is not None:
         if stored.shape != () or stored.dtype.kind != "U" or not str(stored):
@@ -315,6 +337,7 @@ def load_video_probs(path: PathLike, features: bool = False, video_id: str | Non
         data["frame_number"].astype(np.int64, copy=False),
         features=feats,
         source=str(data["source"]) if "source" in data else "",
+        inferred=inferred,
     )
 
 
@@ -364,6 +387,12 @@ def model_fingerprint(model_file: PathLike) -> str:
         return ""
     st = path.stat()
     return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def _sources(source: str | Collection[str] | None) -> frozenset[str] | None:
+    if source is None:
+        return None
+    return frozenset([source] if isinstance(source, str) else (str(s) for s in source))
 
 
 def datalist_videos(datalist: Sequence[Mapping[str, Any]], source: str = "datalist") -> dict[str, np.ndarray]:
@@ -419,14 +448,19 @@ def _frame_id(item: Mapping[str, Any], key: str, position: int, source: str) -> 
 
 
 def completed_videos(
-    datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike, source: str | None = None, features: bool = False
+    datalist: Sequence[Mapping[str, Any]],
+    probs_dir: PathLike,
+    source: str | Collection[str] | None = None,
+    features: bool = False,
 ) -> list[str]:
     """Videos of ``datalist`` whose probability file in ``probs_dir`` is complete.
 
     A file is complete when it exists (files are written atomically), passes :func:`load_video_probs`'s checks, holds
     this video, holds exactly the frames the datalist lists for it (the same ``frame_index`` and ``frame_number``
     ids: a video whose frames were renumbered, added or removed since is recomputed) and, when ``source`` is given,
-    was written from that source (:func:`model_fingerprint`: a retrained model recomputes everything).
+    was written from that source (:func:`model_fingerprint`: a retrained model recomputes everything) or, when
+    ``source`` is a collection, from one of them (a reduced inference reuses the files of a full inference of the
+    same model, see :func:`monai_vce.inference.reduced_source`).
     With ``features``, a file must also hold the per-frame ``features`` (a file of a run without them is
     recomputed).
     """
@@ -437,9 +471,10 @@ def _completed(
     datalist: Sequence[Mapping[str, Any]],
     videos: Mapping[str, np.ndarray],
     probs_dir: PathLike,
-    source: str | None,
+    source: str | Collection[str] | None,
     features: bool = False,
 ) -> list[str]:
+    accepted = _sources(source)
     out = []
     for vid, rows in videos.items():
         path = probability_file(probs_dir, vid)
@@ -450,7 +485,7 @@ def _completed(
         except (OSError, ValueError) as e:
             logger.info(f"video {vid}: {e}; inferring it again")
             continue
-        if source is not None and video.source != source:
+        if accepted is not None and video.source not in accepted:
             continue
         items = [datalist[i] for i in rows.tolist()]
         index = np.fromiter((int(d["frame_index"]) for d in items), dtype=np.int64, count=len(items))
@@ -478,7 +513,7 @@ def pending_frames(
     datalist: Sequence[Mapping[str, Any]],
     probs_dir: PathLike,
     resume: bool = True,
-    source: str | None = None,
+    source: str | Collection[str] | None = None,
     features: bool = False,
 ) -> list[Mapping[str, Any]]:
     """The frames of ``datalist`` still to infer: those of videos without a complete probability file.
@@ -493,7 +528,8 @@ def pending_frames(
         datalist: the full frame datalist.
         probs_dir: the folder of the per-video ``<video_id>.npz`` files.
         resume: ``False`` infers every video again.
-        source: what the probability files must have been written from (see :func:`completed_videos`).
+        source: what the probability files must have been written from, or a collection of the sources
+            accepted (see :func:`completed_videos`).
         features: the files must also hold per-frame features (see :func:`completed_videos`).
 
     Raises:

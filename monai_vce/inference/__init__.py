@@ -7,7 +7,8 @@
 - :class:`FrameSignatured` and :func:`duplicate_anchors`: per-frame signatures computed in the loader and the
   frames they let skip;
 - :class:`FramePredictor` and :class:`ReducedInference`: the per-video driver around a network and a frame
-  datalist (batched, resumable, progress in frames inferred per video).
+  dataset (batched, resumable, progress in frames inferred per video), the bundle's reduced inference;
+  :func:`reduction_tag` and :func:`reduced_source`: the reduction settings recorded in each probability file.
 
 The numpy parts import without torch; the loader and network parts are imported on first use.
 """
@@ -34,6 +35,10 @@ __all__ = [
     "frame_signature",
     "FramePredictor",
     "ReducedInference",
+    "is_reduced",
+    "reduction_tag",
+    "reduced_source",
+    "resume_sources",
 ]
 
 _LAZY = {
@@ -42,6 +47,10 @@ _LAZY = {
     "frame_signature": "signature",
     "FramePredictor": "driver",
     "ReducedInference": "driver",
+    "is_reduced": "driver",
+    "reduction_tag": "driver",
+    "reduced_source": "driver",
+    "resume_sources": "driver",
 }
 
 

@@ -1,55 +1,129 @@
-"""The per-video driver of reduced inference: a network, a frame datalist, per-video probability files, events.
+"""The per-video driver of reduced inference: a network, a frame dataset, per-video probability files, events.
 
-:class:`FramePredictor` turns a network and the frames of a datalist into the ``predict(rows)`` function of
-:func:`~monai_vce.inference.adaptive_inference`: the requested frames are decoded by the DataLoader workers
-(persistent across calls: the sampler, which lives in the main process, is pointed at the new rows before each
-pass), batched, moved to the device as ``uint8`` and scaled there (:class:`~monai_vce.data.VCEPrepareBatch`),
-run through the inferer under ``torch.inference_mode()`` (bf16 autocast optional) and returned as probabilities.
+:class:`FramePredictor` turns a network and a dataset of frames into the ``predict(rows)`` function of
+:func:`~monai_vce.inference.adaptive_inference`: the requested frames are served by the dataset (the bundle's
+inference dataset: :class:`~monai_vce.data.VideoFrameDataset` with the ``preprocessing`` transform, so frame
+images and video files are decoded exactly as full inference decodes them) in DataLoader workers that persist
+across calls (the sampler, which lives in the main process, is pointed at the new rows before each pass),
+batched, moved to the device as ``uint8`` and scaled there (:class:`~monai_vce.data.VCEPrepareBatch`), run through
+the inferer under ``torch.inference_mode()`` (autocast optional) and returned as probabilities.
 
-:class:`ReducedInference` runs a whole datalist video by video: for each video it computes the frame signatures
+:class:`ReducedInference` runs a whole dataset video by video: for each video it computes the frame signatures
 when near-duplicate skipping is on, calls :func:`~monai_vce.inference.adaptive_inference`, writes
-``<output_dir>/<video_id>.npz`` atomically (the project's per-video probability format, plus ``inferred``, the
-mask of frames that went through the network), logs "frames inferred vs frames in the video", and at the end
-decodes every video into the event JSON with :class:`~monai_vce.handlers.TemporalEventWriter`. A rerun skips the
-videos whose file is complete and was written by the same model with the same reduction settings (or by full
-inference of the same model). In a distributed run every rank takes every ``world_size``-th video and rank 0
-writes the events once all ranks are done.
+``<output_dir>/<video_id>.npz`` with :func:`~monai_vce.events.save_video_probs` (the per-video probability file,
+with ``inferred``, the mask of frames that went through the network, and the reduction settings in ``source``),
+shows frames inferred vs frames in the video, and at the end has the event writer
+(:class:`~monai_vce.handlers.TemporalEventWriter`) decode every video into the event JSON. A rerun skips the
+videos whose file is complete and was written by the same model with the same reduction settings or by full
+inference of the same model (:func:`reduced_source`). In a distributed run every rank takes every
+``world_size``-th video and rank 0 writes the events once all ranks are done.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+from monai.data import Dataset
+from monai.utils import IgniteInfo, min_version, optional_import
 
-from monai_vce.data import LoadVCEFramed, VCEPrepareBatch, vce_val_transforms
+from monai_vce.data import VCEPrepareBatch, vce_val_transforms, video_rows
 from monai_vce.engines import FrameInferer
-from monai_vce.events.probabilities import npz_record, probability_file
-from monai_vce.handlers.event_writer import TemporalEventWriter
-from monai_vce.labels import LABELS, NUM_LABELS
+from monai_vce.events.probabilities import VideoArrays, completed_videos, probability_file, save_video_probs
+from monai_vce.handlers import TemporalEventWriter, all_gather_rows
+from monai_vce.labels import NUM_LABELS
 from monai_vce.postprocessing import EventDecoder
-from monai_vce.utils import atomic_save_npz
 
 from .adaptive import adaptive_inference
 from .signature import SIGNATURE_KEY, FrameSignatured
 
-__all__ = ["FramePredictor", "ReducedInference", "video_groups", "reduction_tag"]
+idist, _ = optional_import("ignite", IgniteInfo.OPT_IMPORT_VERSION, min_version, "distributed")
+
+__all__ = ["FramePredictor", "ReducedInference", "is_reduced", "reduction_tag", "reduced_source", "resume_sources"]
 
 PathLike = str | os.PathLike
 logger = logging.getLogger(__name__)
 
 
+def is_reduced(stride: int, budget: int | float | None = None, duplicate_tolerance: float = 0.0) -> bool:
+    """Whether these settings infer fewer frames than full inference (stride above 1, a budget, or
+    near-duplicate skipping); refinement settings alone change nothing."""
+    return int(stride) != 1 or budget is not None or float(duplicate_tolerance) > 0
+
+
+def reduction_tag(
+    stride: int,
+    budget: int | float | None = None,
+    refine: bool = True,
+    margin: float = 0.3,
+    duplicate_tolerance: float = 0.0,
+    options: Mapping[str, Any] | None = None,
+) -> str:
+    """The reduction settings as a short string (``""`` for full inference, see :func:`is_reduced`).
+
+    Example: ``reduced(stride=8,budget=None,refine=True,margin=0.3,dup=0,score_tolerance=0.2)``.
+    """
+    if not is_reduced(stride, budget, duplicate_tolerance):
+        return ""
+    extra = "".join(f",{k}={v}" for k, v in sorted((options or {}).items()))
+    return (
+        f"reduced(stride={stride},budget={budget},refine={refine},margin={margin:g},"
+        f"dup={float(duplicate_tolerance):g}{extra})"
+    )
+
+
+def reduced_source(source: str, tag: str) -> str:
+    """The ``source`` stored in the probability files of a reduced inference: the model's source and the
+    reduction settings (``tag``, from :func:`reduction_tag`), ``source`` itself for full inference.
+
+    Full inference (:func:`monai_vce.events.pending_frames` with the model's source) therefore never reuses the
+    files of a reduced run, and a reduced run reuses those of full inference and of a reduced run with the same
+    settings only.
+    """
+    return f"{source}|{tag}" if tag else source
+
+
+def resume_sources(source: str, reduction: Mapping[str, Any] | None = None) -> list[str]:
+    """The ``source`` values of the probability files that a run with these reduction settings reuses on resume:
+    full inference's (``source``) and, for a reduced run, its own (:func:`reduced_source`).
+
+    Args:
+        source: the model's source (:func:`monai_vce.events.model_fingerprint`).
+        reduction: the keyword arguments of :func:`reduction_tag` (the bundle's ``reduction`` keys); ``None``:
+            full inference.
+
+    Example (bundle JSON, the frames still to infer)::
+
+        "$monai_vce.workflows.pending_frames(@datalist, @probs_dir, resume=@resume,
+            source=monai_vce.inference.resume_sources(@probs_source, @reduction))"
+    """
+    tag = reduction_tag(**reduction) if reduction else ""
+    return [source, reduced_source(source, tag)] if tag else [source]
+
+
+class _TransformedDecoder:
+    """An event decoder applied after a probability transform (keeps the decoder's ``params`` for its frame units)."""
+
+    def __init__(self, decoder: EventDecoder, transform: Callable[[np.ndarray], np.ndarray]) -> None:
+        self.decoder = decoder
+        self.transform = transform
+        self.params = decoder.params
+
+    def __call__(self, probs: np.ndarray, frame_ids: Any, **kwargs: Any) -> Any:
+        return self.decoder(self.transform(probs), frame_ids, **kwargs)
+
+
 class _RowSampler(torch.utils.data.Sampler):
     """A sampler yielding the rows it was last pointed at (read in the main process at every pass)."""
 
-    def __init__(self) -> None:
-        self.rows: list[int] = []
+    def __init__(self, rows: Sequence[int] = ()) -> None:
+        self.rows: list[int] = list(rows)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.rows)
@@ -58,19 +132,19 @@ class _RowSampler(torch.utils.data.Sampler):
         return len(self.rows)
 
 
-class _Frames(torch.utils.data.Dataset):
-    """Frame dicts of a datalist through a transform, keeping only the keys a pass needs."""
+class _Keys(torch.utils.data.Dataset):
+    """The items of a dataset (optionally through one more transform), keeping only the keys a pass collates."""
 
-    def __init__(self, data: Sequence[Mapping[str, Any]], transform: Callable | None, keys: Sequence[str]) -> None:
-        self.data = data
-        self.transform = transform
+    def __init__(self, dataset: Any, keys: Sequence[str], transform: Callable | None = None) -> None:
+        self.dataset = dataset
         self.keys = tuple(keys)
+        self.transform = transform
 
     def __len__(self) -> int:
-        return len(self.data)
+        return len(self.dataset)
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        item = dict(self.data[i])
+    def __getitem__(self, i: int) -> dict[Hashable, Any]:
+        item = self.dataset[i]
         if self.transform is not None:
             item = self.transform(item)
         return {k: item[k] for k in self.keys}
@@ -89,24 +163,29 @@ def _loader(dataset: torch.utils.data.Dataset, sampler: _RowSampler, batch_size:
 
 
 class FramePredictor:
-    """``predict(rows)`` over the frames of a datalist: rows are positions in ``data``.
+    """``predict(rows)`` over the frames of a dataset: rows are positions in the dataset.
 
     Args:
         network: the classifier (``(B, 3, S, S)`` images in ``[0, 1]`` -> ``(B, 17)`` logits).
-        data: frame dicts (``image`` paths, ...), e.g. one video's or the whole datalist.
-        transform: the loader's transform of one frame dict (decoding and resizing), e.g.
-            :func:`monai_vce.data.vce_val_transforms`; ``None`` builds that one at ``image_size``.
+        data: a dataset of frame dicts, transformed (e.g. the bundle's :class:`~monai_vce.data.VideoFrameDataset`;
+            its ``data`` attribute holds the datalist), or a datalist of frame dicts (``image`` paths of frame
+            images), then served by a MONAI ``Dataset`` with ``transform``.
+        transform: the transform of a datalist's frame dicts (decoding and resizing); ``None`` builds
+            :func:`monai_vce.data.vce_val_transforms` at ``image_size``. Unused with a dataset.
         image_size: frame size when ``transform`` is ``None``.
         batch_size: frames per network call.
         num_workers: DataLoader workers (kept alive between calls).
         device: where the network runs; the network's own device when ``None``.
-        inferer: called as ``inferer(images, network)``; :class:`monai_vce.workflows.FrameInferer` when ``None``.
+        inferer: called as ``inferer(images, network)``; :class:`monai_vce.engines.FrameInferer` when ``None``.
         prepare_batch: moves a batch to the device and scales it; :class:`monai_vce.data.VCEPrepareBatch` when
             ``None``.
         amp: run the network under autocast with ``amp_dtype``.
         amp_dtype: autocast dtype (``torch.bfloat16`` or its name).
         image_key: key of the frames in the transformed dicts.
         activation: turns logits into probabilities (``torch.sigmoid`` when ``None``).
+
+    Raises:
+        ValueError: ``batch_size`` below 1, or a dataset without the ``data`` attribute of MONAI datasets.
 
     Example::
 
@@ -117,7 +196,7 @@ class FramePredictor:
     def __init__(
         self,
         network: torch.nn.Module,
-        data: Sequence[Mapping[str, Any]],
+        data: torch.utils.data.Dataset | Sequence[Mapping[str, Any]],
         transform: Callable | None = None,
         image_size: int = 224,
         batch_size: int = 64,
@@ -133,10 +212,17 @@ class FramePredictor:
 
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        if isinstance(data, torch.utils.data.Dataset):
+            if not isinstance(getattr(data, "data", None), Sequence):
+                raise ValueError(
+                    f"FramePredictor: the dataset {type(data).__name__} has no 'data' datalist (a MONAI Dataset has)"
+                )
+            self.dataset: Any = data
+        else:
+            items = list(data)
+            self.dataset = Dataset(items, transform if transform is not None else vce_val_transforms(image_size))
         self.network = network
-        self.data = data
         self.device = torch.device(device) if device is not None else next(network.parameters()).device
-        self.transform = transform if transform is not None else vce_val_transforms(image_size=image_size)
         self.batch_size = int(batch_size)
         self.num_workers = int(num_workers)
         self.inferer = inferer if inferer is not None else FrameInferer()
@@ -147,20 +233,29 @@ class FramePredictor:
         self.activation = activation if activation is not None else torch.sigmoid
         self._sampler = _RowSampler()
         self._loader: torch.utils.data.DataLoader | None = None
+        self._signature_sampler = _RowSampler()
+        self._signature_loaders: dict[int, torch.utils.data.DataLoader] = {}
         self.frames_inferred = 0
         self.seconds = 0.0
 
+    @property
+    def data(self) -> Sequence[Mapping[str, Any]]:
+        """The frame dicts of the datalist (before the transform), one per row."""
+        return self.dataset.data
+
     def _get_loader(self) -> torch.utils.data.DataLoader:
         if self._loader is None:
-            dataset = _Frames(self.data, self.transform, (self.image_key,))
             pin = self.device.type == "cuda"
+            dataset = _Keys(self.dataset, (self.image_key,))
             self._loader = _loader(dataset, self._sampler, self.batch_size, self.num_workers, pin)
         return self._loader
 
     def __call__(self, rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        if rows.size and (rows.min() < 0 or rows.max() >= len(self.data)):
-            raise ValueError(f"FramePredictor: rows must lie in [0, {len(self.data)}), got {rows.min()}..{rows.max()}")
+        if rows.size and (rows.min() < 0 or rows.max() >= len(self.dataset)):
+            raise ValueError(
+                f"FramePredictor: rows must lie in [0, {len(self.dataset)}), got {rows.min()}..{rows.max()}"
+            )
         out = np.empty((rows.size, NUM_LABELS), dtype=np.float32)
         if rows.size == 0:
             return out
@@ -181,83 +276,81 @@ class FramePredictor:
         self.seconds += time.perf_counter() - t
         return out
 
-    def signatures(
-        self, rows: np.ndarray | None = None, size: int = 16, image_size: int = 64, batch_size: int = 256
-    ) -> np.ndarray:
+    def signatures(self, rows: np.ndarray | None = None, size: int = 16) -> np.ndarray:
         """``(len(rows), size * size)`` ``uint8`` signatures (:class:`~monai_vce.inference.FrameSignatured`) of
-        the frames ``rows`` (all frames when ``None``), decoded in the workers at ``image_size``."""
-        from monai.transforms import Compose
-
-        rows = np.arange(len(self.data)) if rows is None else np.asarray(rows, dtype=np.int64).reshape(-1)
-        transform = Compose(
-            [LoadVCEFramed(keys=self.image_key, image_size=image_size), FrameSignatured(self.image_key, size=size)]
-        )
-        sampler = _RowSampler()
-        sampler.rows = rows.tolist()
-        loader = _loader(_Frames(self.data, transform, (SIGNATURE_KEY,)), sampler, batch_size, self.num_workers, False)
+        the frames ``rows`` (all frames when ``None``), computed in the workers (persistent across calls) from
+        the dataset's frames."""
+        rows = np.arange(len(self.dataset)) if rows is None else np.asarray(rows, dtype=np.int64).reshape(-1)
+        loader = self._signature_loaders.get(size)
+        if loader is None:
+            dataset = _Keys(self.dataset, (SIGNATURE_KEY,), FrameSignatured(self.image_key, size=size))
+            loader = _loader(dataset, self._signature_sampler, self.batch_size, self.num_workers, False)
+            self._signature_loaders[size] = loader
+        self._signature_sampler.rows = rows.tolist()
         parts = [np.asarray(b[SIGNATURE_KEY]) for b in loader]
         return np.concatenate(parts) if parts else np.zeros((0, size * size), np.uint8)
 
     def close(self) -> None:
         """Stop the DataLoader workers."""
         self._loader = None
+        self._signature_loaders.clear()
 
 
-def video_groups(datalist: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
-    """``{video_id: rows of its frames in the datalist, in frame_index order}``, videos in order of appearance."""
-    vids = [str(d["video_id"]) for d in datalist]
-    index = np.array([int(d.get("frame_index", i)) for i, d in enumerate(datalist)], dtype=np.int64)
-    groups: dict[str, list[int]] = {}
-    for i, v in enumerate(vids):
-        groups.setdefault(v, []).append(i)
+def _video_frames(data: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """``{video_id: rows of its frames in data, in frame_index order}``, videos in natural id order.
+
+    Raises:
+        ValueError: a ``frame_index`` appears twice in a video (the message names the video and the frame).
+    """
+    index = np.array([int(d["frame_index"]) for d in data], dtype=np.int64)
     out = {}
-    for v, rows in groups.items():
-        r = np.asarray(rows, dtype=np.int64)
-        r = r[np.argsort(index[r], kind="stable")]
-        dup = np.flatnonzero(np.diff(index[r]) == 0)
+    for vid, rows in video_rows(data).items():
+        rows = rows[np.argsort(index[rows], kind="stable")]
+        dup = np.flatnonzero(np.diff(index[rows]) == 0)
         if dup.size:
-            raise ValueError(f"video {v!r}: frame_index {int(index[r[dup[0]]])} appears twice in the datalist")
-        out[v] = r
+            raise ValueError(f"video {vid!r}: frame_index {int(index[rows[dup[0]]])} appears twice in the datalist")
+        out[vid] = rows
     return out
 
 
-def reduction_tag(
-    stride: int, budget: int | float | None, refine: bool, margin: float, duplicate_tolerance: float
-) -> str:
-    """The reduction settings as a short string, stored with each probability file (``""`` for full inference)."""
-    if stride == 1 and budget is None and duplicate_tolerance == 0:
-        return ""
-    return f"reduced(stride={stride},budget={budget},refine={refine},margin={margin:g},dup={duplicate_tolerance:g})"
-
-
 class ReducedInference:
-    """Reduced inference over a frame datalist, video by video, with resumable per-video files and events.
+    """Reduced inference over a frame dataset, video by video, with resumable per-video files and events.
 
     Args:
         network: the classifier, weights loaded (or loaded by ``load_handlers``).
-        datalist: frame dicts with ``image``, ``video_id``, ``frame_index`` (and ``frame_number``).
+        data: the frames: a dataset of frame dicts (the bundle's inference ``dataset``) or a datalist (see
+            :class:`FramePredictor`); every frame dict has ``video_id``, ``frame_index`` (and ``frame_number``).
         output_dir: folder of the per-video ``.npz`` probability files.
-        events_file: the event JSON (relative paths are taken inside ``output_dir``); ``None`` writes none.
         decoder: the event decoder (``EventDecoder``, parameters, a ``decoder.json`` path or ``None``): the
-            refinement aims at it and the events are decoded with it.
+            refinement aims at what it emits; the events are decoded with it unless ``event_writer`` is given.
         stride, budget, refine, margin: see :func:`~monai_vce.inference.adaptive_inference` (``budget`` per
             video; a float is a fraction of each video).
-        duplicate_tolerance: near-duplicate skipping tolerance (``0``: off); signatures are computed first,
-            from every frame of the video.
+        duplicate_tolerance: near-duplicate skipping tolerance (``0``: off); the signatures of every frame of
+            the video are computed first (each frame is decoded once more).
+        options: further keyword arguments of :func:`~monai_vce.inference.adaptive_inference` (e.g.
+            ``score_tolerance``, ``transition_window``, ``max_rounds``, ``interpolation``, ``max_reuse``).
         signature_size: signature thumbnail side.
         transform, image_size, batch_size, num_workers, device, inferer, prepare_batch, amp, amp_dtype:
             see :class:`FramePredictor`.
-        resume: skip videos whose probability file is complete and was written from ``source`` with these
-            settings (or by full inference from ``source``).
-        source: what the probabilities come from (e.g. :func:`monai_vce.workflows.model_fingerprint`).
-        probs_transform: applied to the filled-in probabilities before the refinement decodes them (a temporal
-            refiner); the files hold the untransformed probabilities.
+        compile: run the network through ``torch.compile``.
+        resume: skip videos whose probability file is complete and was written from ``source`` by full
+            inference or by reduced inference with these settings (:func:`reduced_source`).
+        source: what the probabilities come from (e.g. :func:`monai_vce.events.model_fingerprint`).
+        probs_transform: ``(T, 17) -> (T, 17)`` probabilities, applied before decoding (e.g. a temporal
+            refiner's ``refine``): the refinement aims at the decoded transformed probabilities, and the events
+            written by the default writer are decoded from them; the files hold the untransformed probabilities.
+            ``None`` with an ``event_writer`` that has a temporal refiner of probabilities: that refiner's
+            ``refine`` (the writer decodes the refined probabilities).
+        event_writer: writes the event JSON from the files once every video is done (its ``write_events``); the
+            bundle passes its own, so that reduced and full inference decode alike (with its temporal refiner, if
+            any). ``None`` builds a :class:`~monai_vce.handlers.TemporalEventWriter` with ``events_file``,
+            ``decoder`` (after ``probs_transform``) and the videos of ``data``.
+        events_file: the event JSON of the default writer (relative paths are taken inside ``output_dir``);
+            ``None`` writes no events (unless ``event_writer`` is given).
         load_handlers: callables run once with a bare ignite engine before the first video (e.g. a
             :class:`monai_vce.handlers.VCECheckpointLoader`).
-        progress: draw a progress bar on a terminal (frames of the videos done, frames inferred in the current
-            video); a summary line per video is logged either way.
-        report_dir: drawn by the event writer after the JSON (see :class:`~monai_vce.handlers.TemporalEventWriter`).
-        adaptive_kwargs: further keyword arguments of :func:`~monai_vce.inference.adaptive_inference`.
+        progress: draw a progress bar on a terminal (frames of the videos done; frames inferred vs frames of
+            the current video); a line per video and a summary are logged either way.
 
     Example::
 
@@ -267,15 +360,15 @@ class ReducedInference:
     def __init__(
         self,
         network: torch.nn.Module,
-        datalist: Sequence[Mapping[str, Any]],
+        data: torch.utils.data.Dataset | Sequence[Mapping[str, Any]],
         output_dir: PathLike,
-        events_file: PathLike | None = "events.json",
         decoder: Any = None,
         stride: int = 8,
         budget: int | float | None = None,
         refine: bool = True,
         margin: float = 0.3,
         duplicate_tolerance: float = 0.0,
+        options: Mapping[str, Any] | None = None,
         signature_size: int = 16,
         transform: Callable | None = None,
         image_size: int = 224,
@@ -286,31 +379,33 @@ class ReducedInference:
         prepare_batch: Callable | None = None,
         amp: bool = False,
         amp_dtype: torch.dtype | str = torch.bfloat16,
+        compile: bool = False,
         resume: bool = True,
         source: str = "",
         probs_transform: Callable[[np.ndarray], np.ndarray] | None = None,
+        event_writer: TemporalEventWriter | None = None,
+        events_file: PathLike | None = "events.json",
         load_handlers: Sequence[Callable[[Any], Any]] = (),
         progress: bool = True,
-        report_dir: PathLike | None = None,
-        adaptive_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
 
-        self.network = network
-        self.datalist = list(datalist)
-        self.output_dir = Path(output_dir)
-        self.events_file = events_file
+        self.output_dir = output_dir
         self.decoder = decoder if isinstance(decoder, EventDecoder) else EventDecoder(decoder)
+        self.options = dict(options or {})
         self.settings: dict[str, Any] = {"stride": stride, "budget": budget, "refine": refine, "margin": margin}
         self.duplicate_tolerance = float(duplicate_tolerance)
         self.signature_size = int(signature_size)
+        self.network = network
+        # the compiled wrapper shares the module's parameters: weights loaded later (load_handlers) are used
+        runnable: Any = torch.compile(network) if compile else network
         self.predictor = FramePredictor(
-            network,
-            self.datalist,
+            runnable,
+            data,
             transform=transform,
             image_size=image_size,
             batch_size=batch_size,
             num_workers=num_workers,
-            device=device,
+            device=device if device is not None else next(network.parameters()).device,
             inferer=inferer,
             prepare_batch=prepare_batch,
             amp=amp,
@@ -318,44 +413,51 @@ class ReducedInference:
         )
         self.resume = bool(resume)
         self.source = str(source)
-        self.tag = reduction_tag(stride, budget, refine, margin, self.duplicate_tolerance)
-        if self.tag and adaptive_kwargs:
-            self.tag += "".join(f",{k}={v}" for k, v in sorted(adaptive_kwargs.items()))
+        #: the reduction settings stored in every file's ``source`` (``""``: full inference)
+        self.tag = reduction_tag(stride, budget, refine, margin, self.duplicate_tolerance, self.options)
+        refiner = getattr(event_writer, "refiner", None)
+        if probs_transform is None and refiner is not None and getattr(refiner, "inputs", "probs") == "probs":
+            probs_transform = refiner.refine
         self.probs_transform = probs_transform
+        self.event_writer = event_writer
+        self.events_file = events_file
         self.load_handlers = list(load_handlers)
         self.progress = bool(progress)
-        self.report_dir = report_dir
-        self.adaptive_kwargs = dict(adaptive_kwargs or {})
-        #: per video: frames, frames inferred, seconds (filled by :meth:`run`)
+        #: per video of this rank: frames, frames inferred, seconds (filled by :meth:`run`)
         self.stats: dict[str, dict[str, float]] = {}
 
-    # ------------------------------------------------------------------------------------------ helpers
-    def _stored_source(self) -> str:
-        return f"{self.source}|{self.tag}" if self.tag else self.source
+    @property
+    def reduced(self) -> bool:
+        """Whether the settings infer fewer frames than full inference (:func:`is_reduced`)."""
+        return bool(self.tag)
 
-    def _complete(self, vid: str, frames: int) -> bool:
+    @property
+    def stored_source(self) -> str:
+        """The ``source`` written into the files: the model's and the reduction settings."""
+        return reduced_source(self.source, self.tag)
 
-        record = npz_record(probability_file(self.output_dir, vid))
-        return record is not None and record[0] == frames and record[1] in (self.source, self._stored_source())
-
-    def _save(self, vid: str, rows: np.ndarray, probs: np.ndarray, inferred: np.ndarray) -> Path:
-        items = [self.datalist[i] for i in rows.tolist()]
-        index = np.array([int(d["frame_index"]) for d in items], dtype=np.int64)
-        number = np.array([int(d.get("frame_number", d["frame_index"])) for d in items], dtype=np.int64)
-        return atomic_save_npz(
-            probability_file(self.output_dir, vid),
-            probs=probs.astype(np.float32, copy=False),
-            frame_index=index,
-            frame_number=number,
-            labels=np.asarray(LABELS),
-            source=np.asarray(self._stored_source()),
-            inferred=inferred.astype(bool),
+    def _writer(self, videos: Sequence[str]) -> TemporalEventWriter | None:
+        if self.event_writer is not None:
+            return self.event_writer
+        if self.events_file is None:
+            return None
+        decoder: Any = (
+            self.decoder if self.probs_transform is None else _TransformedDecoder(self.decoder, self.probs_transform)
         )
+        return TemporalEventWriter(self.output_dir, events_file=self.events_file, decoder=decoder, videos=list(videos))
 
-    def _rank(self) -> tuple[int, int]:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            return torch.distributed.get_rank(), torch.distributed.get_world_size()
-        return 0, 1
+    def _check_writer(self) -> None:
+        """Refuse, in one line, an event writer that needs what reduced inference does not write: per-frame
+        features (for the files, or as the inputs of its temporal refiner)."""
+        writer = self.event_writer
+        refiner = getattr(writer, "refiner", None)
+        inputs = getattr(refiner, "inputs", "probs") if refiner is not None else "probs"
+        if getattr(writer, "feature_capture", None) is not None or inputs != "probs":
+            need = "write_features" if inputs == "probs" else f"a temporal refiner with inputs={inputs!r}"
+            raise ValueError(
+                f"reduced inference ({self.tag}) writes no per-frame features, but the run asks for them ({need}): "
+                "infer every frame (stride 1, no budget, no duplicate skipping) or use a refiner fitted on probabilities"
+            )
 
     def _load(self) -> None:
         if not self.load_handlers:
@@ -366,9 +468,10 @@ class ReducedInference:
         for handler in self.load_handlers:
             handler(engine)
 
-    # ---------------------------------------------------------------------------------------------- run
-    def infer_video(self, vid: str, rows: np.ndarray, callback: Callable[[int, int], Any] | None = None):
-        """Reduced inference of one video (``rows``: its frames' positions in the datalist, in frame order).
+    def infer_video(
+        self, vid: str, rows: np.ndarray, callback: Callable[[int, int], Any] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Reduced inference of one video (``rows``: its frames' positions in the dataset, in frame order).
 
         Returns:
             ``(probs (T, 17) float32, inferred (T,) bool)``.
@@ -386,27 +489,46 @@ class ReducedInference:
             callback=callback,
             video_id=vid,
             **self.settings,
-            **self.adaptive_kwargs,
+            **self.options,
         )
 
-    def run(self) -> Path | None:
-        """Infer every pending video of this rank, write its file, then (rank 0) the event JSON.
+    def _save(self, vid: str, rows: np.ndarray, probs: np.ndarray, inferred: np.ndarray) -> None:
+        items = [self.predictor.data[i] for i in rows.tolist()]
+        index = np.array([int(d["frame_index"]) for d in items], dtype=np.int64)
+        number = np.array([int(d.get("frame_number", d["frame_index"])) for d in items], dtype=np.int64)
+        video = VideoArrays(vid, probs, index, number, inferred=inferred)
+        save_video_probs(probability_file(self.output_dir, vid), video, source=self.stored_source)
+
+    def run(self) -> Any:
+        """Infer every pending video of this rank, write its file, then have the event writer write the JSON.
 
         Returns:
-            The event JSON path (rank 0 with ``events_file``), else ``None``.
+            What the event writer's ``write_events`` returns (the JSON path on rank 0), ``None`` without one.
         """
         from tqdm.auto import tqdm
 
-        groups = video_groups(self.datalist)
-        rank, world = self._rank()
+        if self.reduced:
+            self._check_writer()
+        data = self.predictor.data
+        groups = _video_frames(data)
+        rank, world = idist.get_rank(), idist.get_world_size()
         mine = {v: r for i, (v, r) in enumerate(groups.items()) if i % world == rank}
-        pending = {v: r for v, r in mine.items() if not (self.resume and self._complete(v, int(r.size)))}
-        if len(pending) < len(mine):
-            done = sorted(set(mine) - set(pending))
-            logger.info(f"skipping {len(done)} video(s) already inferred in {self.output_dir}: {', '.join(done)}")
+        done: set[str] = set()
+        if self.resume and mine:
+            accepted = {self.source, self.stored_source}  # the rule of resume_sources, which the bundle filters with
+            done = set(
+                completed_videos([data[i] for r in mine.values() for i in r.tolist()], self.output_dir, accepted)
+            )
+        pending = {v: r for v, r in mine.items() if v not in done}
+        if done:
+            logger.info(
+                f"skipping {len(done)} video(s) already inferred in {self.output_dir}: {', '.join(sorted(done))}"
+            )
         self._load()
+        t0 = time.perf_counter()
         total = int(sum(r.size for r in pending.values()))
-        bar = tqdm(total=total, unit="frame", desc="reduced inference", disable=not (self.progress and total))
+        show = self.progress and sys.stderr.isatty() and total > 0
+        bar = tqdm(total=total, unit="frame", desc="reduced inference", disable=not show, dynamic_ncols=True)
         try:
             for n, (vid, rows) in enumerate(pending.items(), 1):
                 t = time.perf_counter()
@@ -415,27 +537,32 @@ class ReducedInference:
                     bar.set_postfix_str(f"video {vid} ({n}/{len(pending)}): {inferred}/{frames} frames inferred")
 
                 probs, inferred = self.infer_video(vid, rows, callback)
-                path = self._save(vid, rows, probs, inferred)
+                self._save(vid, rows, probs, inferred)
                 secs = time.perf_counter() - t
                 k = int(inferred.sum())
                 self.stats[vid] = {"frames": int(rows.size), "inferred": k, "seconds": secs}
                 bar.update(int(rows.size))
                 logger.info(
                     f"video {vid}: inferred {k} of {rows.size} frames ({100.0 * k / max(rows.size, 1):.1f}%) "
-                    f"in {secs:.1f} s: {path}"
+                    f"in {secs:.1f} s"
                 )
         finally:
             bar.close()
             self.predictor.close()
+        self._summary(time.perf_counter() - t0)
         if world > 1:
-            torch.distributed.barrier()
-        if self.events_file is None or rank != 0:
-            return None
-        writer = TemporalEventWriter(
-            self.output_dir,
-            events_file=self.events_file,
-            decoder=self.decoder,
-            videos=list(groups),
-            report_dir=self.report_dir,
+            idist.barrier()
+        writer = self._writer(list(groups))
+        return None if writer is None else writer.write_events()
+
+    def _summary(self, seconds: float) -> None:
+        """Log the frames inferred vs the frames of the videos of every rank (gathered) on rank 0."""
+        counts = np.array([[s["frames"], s["inferred"]] for s in self.stats.values()], dtype=np.int64).reshape(-1, 2)
+        (counts,) = all_gather_rows(counts)
+        if idist.get_rank() != 0 or not counts.size:
+            return
+        frames, inferred = (int(x) for x in counts.sum(0))
+        logger.info(
+            f"reduced inference: inferred {inferred} of {frames} frames ({100.0 * inferred / max(frames, 1):.1f}%) "
+            f"of {counts.shape[0]} video(s) in {seconds:.1f} s ({frames / max(seconds, 1e-9):.1f} frames/s)"
         )
-        return writer.write_events()

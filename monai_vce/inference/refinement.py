@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from monai_vce.events.runs import run_bounds
 from monai_vce.labels import LABELS, LANDMARKS, NUM_LABELS, SECTIONS
 from monai_vce.postprocessing import (
     DecoderParams,
@@ -43,7 +44,6 @@ from monai_vce.postprocessing import (
     landmark_windows,
     section_gate,
 )
-from monai_vce.postprocessing.chain import run_bounds
 
 from .interpolation import interpolate_probs, knot_brackets, logit, sigmoid
 
