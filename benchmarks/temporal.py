@@ -92,6 +92,12 @@ def _score(gt: dict, decoded: dict) -> tuple[float, float]:
     return res["mAP@0.5"], res["mAP@0.95"]
 
 
+def _per_label(gt: dict, decoded: dict) -> dict[str, float]:
+    """AP@0.5 of every label (a label the decoder never emits scores the share of videos without it)."""
+    per = temporal_map(gt, decoded)["per_label"]
+    return {name: float(per[name]["0.5"]) for name in LABELS}
+
+
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
@@ -135,13 +141,14 @@ def run_levels(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
         }
         test_probs["refiner, sections passed"] = {k: passthrough(refined_test[k], sim[k][0]) for k in test_ids}
 
-        tuned, scores, seconds = {}, {}, {}
+        tuned, scores, seconds, labels = {}, {}, {}, {}
         for name in inputs:
             t0 = time.perf_counter()
             tuned[name] = tune_decoder(inputs[name], rounds=args.rounds)
             seconds[name] = time.perf_counter() - t0
             decoded = decode_videos({k: (test_probs[name][k], sim[k][1]) for k in test_ids}, EventDecoder(tuned[name]))
             scores[name] = _score(gt_test, decoded)
+            labels[name] = _per_label(gt_test, decoded)
         chosen = select_pipeline(tuned, baseline="decoder")
         for name in inputs:
             objective = tuned[name]["fit"]["objective"]
@@ -149,6 +156,24 @@ def run_levels(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
             print(
                 f"[{level}] {name}: {scores[name][0]:.4f} / {scores[name][1]:.4f} (tuning objective {objective:.4f}, "
                 f"tuned in {seconds[name]:.0f} s)",
+                flush=True,
+            )
+        for name in inputs:
+            if name == "decoder":
+                continue
+            # where the mAP moves: labels whose AP@0.5 changed, with the decoder's presence rule of each pipeline
+            moved = [n for n in LABELS if abs(labels[name][n] - labels["decoder"][n]) >= 0.02]
+            print(
+                f"[{level}] {name}: AP@0.5 per label against the decoder alone: "
+                + (
+                    ", ".join(
+                        f"{n} {labels['decoder'][n]:.2f}->{labels[name][n]:.2f} "
+                        f"({tuned['decoder']['labels'][n]['presence']['feature']}->"
+                        f"{tuned[name]['labels'][n]['presence']['feature']})"
+                        for n in moved
+                    )
+                    or "no label moves by 0.02"
+                ),
                 flush=True,
             )
         rows.append((level, f"selected ({chosen})", scores[chosen], scores["decoder"], None, 0.0, t_fit))

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from monai_vce.handlers.event_writer import VideoArrays, load_video_probs, save_video_probs
+from monai_vce.events.probabilities import VideoArrays, load_video_probs, probability_file, save_video_probs
 from monai_vce.labels import NUM_LABELS, SECTIONS
 from monai_vce.temporal import TemporalRefiner
 from monai_vce.temporal.__main__ import main
@@ -30,12 +30,9 @@ def _write_videos(folder, n: int, seed: int, features: bool = False):
         probs = 1 / (1 + np.exp(-(np.where(truth, 1.0, -1.0) + 1.5 * rng.standard_normal(truth.shape))))
         index = np.arange(T) * 2 + 10  # ids with gaps and an offset: the events count in these units
         vid = f"vid{seed}_{i}"
-        arrays = VideoArrays(vid, probs.astype(np.float32), index, index + 1000)
-        save_video_probs(folder / f"{vid}.npz", arrays)
-        if features:
-            with np.load(folder / f"{vid}.npz") as z:
-                data = dict(z)
-            np.savez(folder / f"{vid}.npz", **data, features=rng.standard_normal((T, 6)).astype(np.float16))
+        feats = rng.standard_normal((T, 6)).astype(np.float16) if features else None
+        arrays = VideoArrays(vid, probs.astype(np.float32), index, index + 1000, features=feats)
+        save_video_probs(probability_file(folder, vid), arrays)
         gt["videos"].append(
             {
                 "video_id": vid,
@@ -75,7 +72,7 @@ def test_fit_and_refine_round_trip(tmp_path, run):
     fit = run(
         "fit", "--probs", str(train), "--gt", str(tmp_path / "gt.json"), "--out", str(model),
         "--val-probs", str(val), "--val-gt", str(tmp_path / "val_gt.json"),
-        "--network", TINY, "--steps", "4", "--crop-length", "64", "--batch-size", "2",
+        "--network", TINY, "--steps", "4", "--crop-length", "64", "--batch-size", "2", "--frame-units", "frame_index",
     )  # fmt: skip
     assert fit.returncode == 0, fit.stderr
     summary = json.loads(fit.stdout)
@@ -127,18 +124,29 @@ def test_cli_errors_name_the_file_or_video(tmp_path, run):
         "--frame-model-videos", str(tmp_path / "trained.json"),
     )  # fmt: skip
     assert res.returncode == 2 and "vid0_1" in res.stderr and "trained on the same video" in res.stderr
+    # the former --units flag still works for one release, and its old value "index"; a wrong value is one line
+    with pytest.warns(DeprecationWarning):
+        res = run("fit", "--probs", str(train), "--gt", str(tmp_path / "gt.json"), "--out", str(tmp_path / "r.pt"),
+                  "--units", "bogus")  # fmt: skip
+    assert res.returncode == 2 and "frame_units" in res.stderr and len(res.stderr.strip().splitlines()) == 2
     res = run("refine", "--probs", str(train), "--model", str(tmp_path / "missing.pt"), "--out", str(tmp_path / "o"))
     assert res.returncode == 2 and "missing.pt" in res.stderr
 
 
 def test_read_videos_with_features(tmp_path):
     gt = _write_videos(tmp_path, 2, seed=3, features=True)
-    videos = read_videos(tmp_path, gt, units="index", features=True)
+    videos = read_videos(tmp_path, gt, frame_units="frame_index", features=True)
     probs, ids, events, feats = videos["vid3_0"]
     assert probs.shape == (200, NUM_LABELS) and feats.shape == (200, 6) and ids[0] == 10
     assert events == gt["videos"][0]["events"]
-    by_number = read_videos(tmp_path, None, units="frame_number")
+    by_number = read_videos(tmp_path, None, frame_units="frame_number")
     assert by_number["vid3_0"][1][0] == 1010 and by_number["vid3_0"][2] == []
+    # the former argument name and its former value still work for one release, with a warning
+    with pytest.warns(DeprecationWarning):
+        by_index = read_videos(tmp_path, None, units="index")
+    assert by_index["vid3_0"][1][0] == 10
+    with pytest.raises(ValueError, match="frame_units"):
+        read_videos(tmp_path, None, frame_units="frames")
     with pytest.raises(ValueError, match="features"):
         plain = tmp_path / "plain"
         plain.mkdir()

@@ -6,7 +6,7 @@ Usage::
     python -m monai_vce.temporal refine --probs DIR --model refiner.pt --out DIR
 
 ``fit`` trains a refiner on the per-video probability files of ``--probs`` against the ground-truth events of
-``--gt`` (in ``--units``, Galar's ``index`` by default) and writes it atomically; ``--val-probs`` /
+``--gt`` (in ``--frame-units``, Galar's ``frame_index`` by default) and writes it atomically; ``--val-probs`` /
 ``--val-gt`` choose the weights with the lowest validation loss. The inputs must be honest (outputs of a frame
 model not trained on those videos): ``--frame-model-videos`` names the frame model's training videos and turns
 on the leakage guard. ``refine`` writes ``<video_id>.npz`` files of the same format with refined ``probs``,
@@ -20,13 +20,15 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from monai_vce.events.units import FrameUnits
 from monai_vce.utils import read_json_file
 
-from .files import UNITS, read_videos, refine_folder
+from .files import read_videos, refine_folder
 from .protocol import LeakageError
 from .refiner import INPUTS, TemporalRefiner
 from .training import fit_refiner
@@ -44,7 +46,13 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--val-probs", default=None, help="folder of validation <video_id>.npz files")
     f.add_argument("--val-gt", default=None, help="ground-truth event JSON of the validation videos")
     f.add_argument("--inputs", default="probs", choices=INPUTS, help="refiner inputs (default: probs)")
-    f.add_argument("--units", default="index", choices=UNITS, help="frame units of the events (default: index)")
+    f.add_argument(
+        "--frame-units",
+        default=FrameUnits.FRAME_INDEX.value,
+        choices=[u.value for u in FrameUnits],
+        help="frame units of the events (default: frame_index)",
+    )
+    f.add_argument("--units", default=None, help=argparse.SUPPRESS)  # former name of --frame-units
     f.add_argument("--network", default=None, help='network settings as JSON, e.g. \'{"stages": 4, "channels": 64}\'')
     f.add_argument("--steps", type=int, default=200, help="optimisation steps (default 200)")
     f.add_argument("--crop-length", type=int, default=2048, help="frames per training crop (default 2048)")
@@ -77,9 +85,14 @@ def _parser() -> argparse.ArgumentParser:
 def _fit(args: argparse.Namespace) -> dict[str, Any]:
     if (args.val_probs is None) != (args.val_gt is None):
         raise ValueError("--val-probs and --val-gt go together")
+    if args.units is not None:
+        print("warning: --units is deprecated; use --frame-units", file=sys.stderr)
+        warnings.warn("--units is deprecated; use --frame-units", DeprecationWarning, stacklevel=2)
+        args.frame_units = args.units
     features = args.inputs != "probs"
-    videos = read_videos(args.probs, args.gt, units=args.units, features=features)
-    val = read_videos(args.val_probs, args.val_gt, units=args.units, features=features) if args.val_probs else None
+    units = args.frame_units
+    videos = read_videos(args.probs, args.gt, frame_units=units, features=features)
+    val = read_videos(args.val_probs, args.val_gt, frame_units=units, features=features) if args.val_probs else None
     network = None
     if args.network:
         try:

@@ -1,8 +1,9 @@
 """Folders of per-video probability files in and out of the temporal refiner.
 
-The refiner reads and writes the project's per-video format (``<video_id>.npz`` with ``probs`` float32
-``(T, 17)``, ``frame_index``, ``frame_number``, ``labels``, optionally ``features`` ``(T, D)``), through the
-same reader and writer as inference, so refined files are drop-in replacements for the frame model's.
+The refiner reads and writes the project's per-video format (``<video_id>.npz``, see
+:mod:`monai_vce.events.probabilities`) through its one reader and writer, so refined files are drop-in
+replacements for the frame model's, and frame ids are chosen with the project's
+:class:`~monai_vce.events.FrameUnits`.
 """
 
 from __future__ import annotations
@@ -18,57 +19,48 @@ from monai_vce.events.probabilities import (
     VideoArrays,
     load_video_probs,
     probability_file,
+    probability_files,
     save_video_probs,
 )
-from monai_vce.events.probabilities import probability_files as _probability_files
+from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.events.validation import load_events
+from monai_vce.utils import renamed_arguments
 
 from .refiner import TemporalRefiner
 
-__all__ = ["UNITS", "probability_files", "load_features", "read_videos", "refine_folder"]
-
-#: Frame-id units of ground-truth events: the ``frame_index`` or ``frame_number`` array of the files.
-UNITS: tuple[str, ...] = ("index", "frame_number")
+__all__ = ["video_files", "read_videos", "refine_folder"]
 
 PathLike = str | os.PathLike
 
 
-def probability_files(folder: PathLike) -> dict[str, Path]:
-    """``{video_id: path}`` of the ``<video_id>.npz`` files of a folder, in sorted order.
+def video_files(folder: PathLike) -> dict[str, Path]:
+    """``{video_id: path}`` of the probability files of a folder (:func:`monai_vce.events.probability_files`),
+    which must exist and hold at least one.
 
     Raises:
         FileNotFoundError: the folder is missing.
-        ValueError: it holds no ``.npz`` file.
+        ValueError: it holds no ``<video_id>.npz`` file.
     """
-    folder = Path(folder)
-    if not folder.is_dir():
+    if not Path(folder).is_dir():
         raise FileNotFoundError(f"probability folder {folder} not found")
-    files = dict(sorted(_probability_files(folder).items()))  # file names made by video_file_name -> video ids
+    files = probability_files(folder)
     if not files:
         raise ValueError(f"probability folder {folder} holds no <video_id>.npz file")
     return files
 
 
-def load_features(path: PathLike) -> np.ndarray | None:
-    """The ``(T, D)`` ``features`` array of a per-video file, or ``None`` when the file has none.
-
-    Raises:
-        ValueError: the file is unreadable or its features are not a 2-D array.
-    """
-    # through the one reader of probability files: its checks (array sizes bounded before reading, shapes, types)
-    return load_video_probs(path, features=True).features
+def _with_features(path: Path, needed: bool) -> VideoArrays:
+    video = load_video_probs(path, features=needed)
+    if needed and video.features is None:
+        raise ValueError(f"probability file {path} has no 'features' array (the refiner's inputs need it)")
+    return video
 
 
-def _frame_ids(video: VideoArrays, units: str) -> np.ndarray:
-    if units not in UNITS:
-        raise ValueError(f"units must be one of {UNITS}, got {units!r}")
-    return video.frame_index if units == "index" else video.frame_number
-
-
+@renamed_arguments(units="frame_units")
 def read_videos(
     probs_dir: PathLike,
     gt: PathLike | Mapping[str, Any] | None = None,
-    units: str = "index",
+    frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
     features: bool = False,
 ) -> dict[str, tuple]:
     """Read a folder of per-video files as the tuples :func:`~monai_vce.temporal.fit_refiner` takes.
@@ -77,8 +69,8 @@ def read_videos(
         probs_dir: folder of ``<video_id>.npz`` files.
         gt: ground-truth event JSON (path or object); every video of the folder must be in it. ``None`` reads
             no events (an empty list per video).
-        units: which frame ids of the files the events count in: ``"index"`` (Galar's ground truth) or
-            ``"frame_number"``.
+        frame_units: the frame ids the events count in (``"frame_index"``, Galar's ground truth, or
+            ``"frame_number"``).
         features: also read each file's ``features`` (an error when a file has none).
 
     Returns:
@@ -90,7 +82,8 @@ def read_videos(
         ValueError: a malformed file, a video without ground truth, or a file without features (one line naming
             the file or video).
     """
-    files = probability_files(probs_dir)
+    units = as_frame_units(frame_units)
+    files = video_files(probs_dir)
     events: dict[str, list] = {}
     if gt is not None:
         gt_obj = load_events(gt) if not isinstance(gt, Mapping) else gt
@@ -100,21 +93,14 @@ def read_videos(
         if missing:
             name = gt if not isinstance(gt, Mapping) else "the ground truth"
             raise ValueError(
-                f"{name} has no video {missing[0]!r} (of {probability_file(probs_dir, missing[0])})"
+                f"{name} has no video {missing[0]!r} (of {files[missing[0]]})"
                 + (f" nor {len(missing) - 1} more" if len(missing) > 1 else "")
             )
     out: dict[str, tuple] = {}
     for vid, path in files.items():
-        video = load_video_probs(path)
-        item: tuple = (video.probs, _frame_ids(video, units), events.get(vid, []))
-        if features:
-            feats = load_features(path)
-            if feats is None:
-                raise ValueError(f"probability file {path} has no 'features' array (needed by the refiner's inputs)")
-            if feats.shape[0] != len(video):
-                raise ValueError(f"probability file {path}: {feats.shape[0]} feature rows for {len(video)} frames")
-            item = (*item, feats)
-        out[vid] = item
+        video = _with_features(path, features)
+        item: tuple = (video.probs, video.frame_ids(units), events.get(vid, []))
+        out[vid] = (*item, video.features) if features else item
     return out
 
 
@@ -164,7 +150,7 @@ def refine_folder(
     Raises:
         FileNotFoundError, ValueError: a missing or malformed file (naming it).
     """
-    files = probability_files(probs_dir)
+    files = video_files(probs_dir)
     out_dir = Path(out_dir)
     if out_dir.resolve() == Path(probs_dir).resolve():
         raise ValueError(f"output folder {out_dir} is the input folder; refined files would replace the inputs")
@@ -175,18 +161,14 @@ def refine_folder(
         files = {v: files[v] for v in videos}
     trained = set(refiner.trained_videos)
     written, kept = [], []
-    needs_features = refiner.inputs != "probs"
     for vid, path in files.items():
         target = probability_file(out_dir, vid)
-        video = load_video_probs(path)
+        video = _with_features(path, refiner.inputs != "probs")
         if _refined_from(target, video, source):
             kept.append(vid)
             continue
-        feats = load_features(path) if needs_features else None
-        if needs_features and feats is None:
-            raise ValueError(f"probability file {path} has no 'features' array (the refiner's inputs need it)")
         try:
-            refined = refiner.refine(video.probs, feats, chunk_size=chunk_size)
+            refined = refiner.refine(video.probs, video.features, chunk_size=chunk_size)
         except ValueError as e:
             raise ValueError(f"probability file {path}: {e}") from None
         save_video_probs(target, VideoArrays(vid, refined, video.frame_index, video.frame_number), source=source)
