@@ -747,3 +747,29 @@ def test_refined_files_are_reused_only_for_the_same_frames(tmp_path: Path) -> No
     save_video_probs(probability_file(probs, "1"), VideoArrays("1", _probs(10), ids + 100, ids + 100), source="m")
     assert refine_folder(refiner, probs, out, source="r")["written"] == ["1"]
     np.testing.assert_array_equal(load_video_probs(probability_file(out, "1")).frame_index, ids + 100)
+
+
+def test_bad_frame_policy_is_a_bundle_setting(tmp_path: Path, mini_galar: Path) -> None:
+    """``check_images`` / ``bad_frames`` of the bundle configs: a damaged frame named before the run, or left out."""
+    import shutil
+
+    from monai.bundle import ConfigParser
+
+    data = tmp_path / "data"
+    shutil.copytree(mini_galar, data)
+    bad = sorted((data / "frames" / "2").iterdir())[5]
+    bad.write_bytes(_damaged(bad.read_bytes(), "crc"))
+    for config in (INFER_CFG, str(REPO / "bundle" / "configs" / "train.json")):
+        parser = ConfigParser()
+        parser.read_config(config)
+        parser.update({"bundle_root": str(REPO / "bundle"), "dataset_dir": str(data)})
+        listed = list(parser.get_parsed_content("datalist"))  # default: no check before the run
+        assert str(bad) in {d["image"] for d in listed}
+        parser.update({"check_images": "decode"})
+        with pytest.raises(ValueError) as err:
+            len(parser.get_parsed_content("datalist", lazy=False))
+        _one_line(err, str(bad), "CRC mismatch", "bad_frames='skip'")
+        parser.update({"bad_frames": "skip"})
+        with pytest.warns(UserWarning, match="1 unreadable, corrupted or oversized frame files"):
+            items = list(parser.get_parsed_content("datalist", lazy=False))
+        assert [d for d in listed if d["image"] != str(bad)] == items

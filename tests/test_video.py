@@ -90,7 +90,7 @@ def test_video_frame_dataset_serves_cached_frames_and_reuses_the_cache(mp4_galar
         np.testing.assert_array_equal(item["image"].numpy(), first[item["video_id"]][item["frame_number"]])
     # a second dataset decodes nothing: the cache is complete
     monkeypatch.setattr(video_mod, "iter_video_frames", lambda *a, **k: pytest.fail("decoded again"))
-    VideoFrameDataset(data, cache_dir=tmp_path / "cache", image_size=SIZE, progress=False)
+    len(VideoFrameDataset(data, cache_dir=tmp_path / "cache", image_size=SIZE, progress=False))
     # the training cache serves the same frames (its rows are the decoded positions)
     labelled = build_galar_datalist(mp4_galar / "frames", mp4_galar / "labels")
     fds = FrameCacheDataset(labelled, tmp_path / "cache", image_size=SIZE, progress=False)
@@ -110,10 +110,10 @@ def test_a_changed_video_is_decoded_again(mp4_galar, tmp_path):
     vid.parent.mkdir()
     vid.write_bytes((mp4_galar / "frames" / "1.mp4").read_bytes())
     data = build_inference_datalist(vid)
-    VideoFrameDataset(data, cache_dir=tmp_path / "cache", image_size=SIZE, progress=False)
+    len(VideoFrameDataset(data, cache_dir=tmp_path / "cache", image_size=SIZE, progress=False))
     stamp = (tmp_path / "cache" / f"{SIZE}px" / "a.json").stat().st_mtime_ns
     os.utime(vid, ns=(1, 1))  # same bytes, new modification time: the entry is stale
-    VideoFrameDataset(data, cache_dir=tmp_path / "cache", image_size=SIZE, progress=False)
+    len(VideoFrameDataset(data, cache_dir=tmp_path / "cache", image_size=SIZE, progress=False))
     assert (tmp_path / "cache" / f"{SIZE}px" / "a.json").stat().st_mtime_ns != stamp
 
 
@@ -129,11 +129,12 @@ def test_an_interrupted_decode_leaves_no_partial_entry(mp4_galar, tmp_path, monk
 
     monkeypatch.setattr(video_mod, "iter_video_frames", killed)
     with pytest.raises(KeyboardInterrupt):
-        VideoFrameDataset(data, cache_dir=tmp_path / "cache", image_size=SIZE, progress=False)
+        len(VideoFrameDataset(data, cache_dir=tmp_path / "cache", image_size=SIZE, progress=False))
     root = tmp_path / "cache" / f"{SIZE}px"
     assert not list(root.glob(".*.partial")) and not (root / "ukdd_navi_00002.json").exists()
     monkeypatch.setattr(video_mod, "iter_video_frames", real)
     ds = VideoFrameDataset(data, cache_dir=tmp_path / "cache", image_size=SIZE, progress=False)
+    assert len(ds) == len(data)
     assert (root / "ukdd_navi_00002.json").is_file() and ds[79]["image"].shape[-1] == SIZE
 
 
@@ -166,7 +167,7 @@ def test_truncated_and_corrupt_videos_name_the_file_and_last_good_frame(tmp_path
     # the dataset stops with the same one-line message and keeps no partial entry
     items = [{"image": str(cut), "video_id": "cut", "frame_index": i, "frame_number": i} for i in range(60)]
     with pytest.raises(ValueError, match=r"corrupt or truncated video file .*cut\.mkv"):
-        VideoFrameDataset(items, cache_dir=tmp_path / "cache", image_size=8, progress=False)
+        len(VideoFrameDataset(items, cache_dir=tmp_path / "cache", image_size=8, progress=False))
     assert not list((tmp_path / "cache").rglob("*.partial"))
 
 

@@ -35,17 +35,31 @@ def check_folder(path: PathLike, what: str = "dataset folder") -> str:
     return str(path)
 
 
-def galar_datalist(dataset_dir: PathLike, videos: Iterable[str] | None = None) -> list[dict]:
+def galar_datalist(
+    dataset_dir: PathLike,
+    videos: Iterable[str] | None = None,
+    check_images: bool | str = False,
+    bad_frames: str = "error",
+) -> list[dict]:
     """Labelled frame datalist of a Galar-layout folder (``frames/``, ``labels/``, optional ``metadata.csv``).
 
     Args:
         dataset_dir: the folder holding ``frames/<video_id>/*.PNG`` and ``labels/<video_id>.csv``.
         videos: video ids to keep (``None``: all with both frames and labels).
+        check_images: check every frame before the run (``"header"`` or ``"decode"``, see
+            :func:`monai_vce.data.build_galar_datalist`); ``False``: the loader finds bad frames when it reaches them.
+        bad_frames: what a frame failing the check does: ``"error"`` (one line naming the file) or ``"skip"`` (left
+            out, reported per video).
     """
     root = Path(check_folder(dataset_dir))
     meta = root / "metadata.csv"
     datalist = build_galar_datalist(
-        root / "frames", root / "labels", metadata_csv=meta if meta.is_file() else None, videos=videos
+        root / "frames",
+        root / "labels",
+        metadata_csv=meta if meta.is_file() else None,
+        videos=videos,
+        check_images=check_images,
+        bad_frames=bad_frames,
     )
     return cast(list[dict], datalist)
 
@@ -65,7 +79,12 @@ def galar_ground_truth(
     return build_ground_truth(root / "labels", videos=videos, frame_units=frame_units)
 
 
-def inference_datalist(dataset_dir: PathLike, videos: Iterable[str] | None = None) -> list[dict]:
+def inference_datalist(
+    dataset_dir: PathLike,
+    videos: Iterable[str] | None = None,
+    check_images: bool | str = False,
+    bad_frames: str = "error",
+) -> list[dict]:
     """Unlabelled frame datalist of a folder of videos (``<dir>/frames/<video_id>/`` or ``<dir>/<video_id>/``).
 
     The frame ids follow the folder: a video with a label CSV (``<dir>/labels/<video_id>.csv``, the Galar layout)
@@ -75,7 +94,13 @@ def inference_datalist(dataset_dir: PathLike, videos: Iterable[str] | None = Non
     in the file name (:func:`monai_vce.data.build_inference_datalist`). The labels themselves are dropped.
 
     A datalist JSON file (a list of frame dicts, or ``{"testing": [...]}``) is also accepted in place of the
-    folder.
+    folder (its frames are not checked in advance: the loader names a bad frame when it reaches it).
+
+    Args:
+        dataset_dir: the folder, or a datalist JSON file.
+        videos: video ids to keep (``None``: all).
+        check_images: check every frame of the folder before the run (see :func:`galar_datalist`).
+        bad_frames: ``"error"`` or ``"skip"`` for a frame failing the check (see :func:`galar_datalist`).
     """
     path = Path(dataset_dir)
     if path.is_file() and path.suffix.lower() == ".json":
@@ -100,13 +125,23 @@ def inference_datalist(dataset_dir: PathLike, videos: Iterable[str] | None = Non
     labels = root / "labels"
     csvs = {p.stem for p in labels.glob("*.csv")} if labels.is_dir() and frames != root else set()
     if not csvs:
-        return build_inference_datalist(frames, videos=videos, metadata_csv=metadata)
+        return build_inference_datalist(
+            frames, videos=videos, metadata_csv=metadata, check_images=check_images, bad_frames=bad_frames
+        )
     found = list(videos) if videos is not None else list(discover_videos(frames))
     labelled = [str(v) for v in found if str(v) in csvs]
     other = [str(v) for v in found if str(v) not in csvs]
-    items = build_galar_datalist(frames, labels, metadata_csv=metadata, videos=labelled) if labelled else []
+    items = (
+        build_galar_datalist(
+            frames, labels, metadata_csv=metadata, videos=labelled, check_images=check_images, bad_frames=bad_frames
+        )
+        if labelled
+        else []
+    )
     out = [{k: v for k, v in d.items() if k != "label"} for d in cast(list[dict], items)]
     if other:
-        out += build_inference_datalist(frames, videos=other, metadata_csv=metadata)
+        out += build_inference_datalist(
+            frames, videos=other, metadata_csv=metadata, check_images=check_images, bad_frames=bad_frames
+        )
     order = {v: i for i, v in enumerate(sorted(labelled + other, key=natural_key))}
     return sorted(out, key=lambda d: order[str(d["video_id"])])

@@ -32,8 +32,8 @@ worker or the run with it) on a PNG with one flipped bit or a wrong checksum. Th
 training (after the random crop, :class:`monai_vce.data.transforms.RandResizedCropd`), validation and inference, so
 that the network sees frames resized the same way in all three. Decoding 8-bit RGB frames gives the same pixels as
 ``decode_png`` (``tests/test_frames.py``); measured side by side per frame to 224 px on one core of the project's
-loaded CPU machine (load about 5), torchvision 5.8 ms and checks + Pillow 7.0 ms for a 336 px PNG, 8.2 ms and 7.3 ms
-for a 512 px one: the checksums cost 0.1-0.4 ms of it.
+loaded CPU machine (``benchmarks/frame_loading.py``, BENCHMARKS.md), torchvision 3.8 ms and checks + Pillow 4.7 ms
+for a 336 px PNG, 8.3 ms and 10.1 ms for a 512 px one.
 
 Input handling (every frame is resized to ``image_size``, so frames of different sizes within one video
 are fine and batch together):

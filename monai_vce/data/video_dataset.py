@@ -30,7 +30,8 @@ class VideoFrameDataset(Dataset):
     ``frame_number`` (the decoded position) from the video's :class:`~monai_vce.data.FrameCache` entry; the
     other items (frame images) pass through unchanged, for the ``transform`` to decode as usual
     (:class:`~monai_vce.data.LoadVCEFramed` only resizes a frame that is already decoded). Missing or stale
-    entries are built at construction: each video decoded once, sequentially (:func:`build_video_entries`).
+    entries are built on first use (``len(dataset)``, see :attr:`videos`), not at construction, so parsing a
+    bundle config reads no data: each video decoded once, sequentially (:func:`build_video_entries`).
     A datalist without video files costs nothing beyond one pass over its items.
 
     Disk use of the cache: ``T * 3 * S * S`` bytes per video (150 KiB per frame at 224 px); put ``cache_dir`` on
