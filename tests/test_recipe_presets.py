@@ -79,9 +79,9 @@ def test_one_cycle_per_group_max_lr_from_the_config(mini_galar, tmp_path):
     parser = _parser([TRAIN, PAPER], mini_galar, tmp_path, contrastive_weight=0.0, samples_per_epoch=160, batch_size=8)
     optimizer = parser.get_parsed_content("train#optimizer")
     scheduler = parser.get_parsed_content("train#lr_scheduler")
-    loader = parser.get_parsed_content("train#dataloader")
+    epoch_length = parser.get_parsed_content("epoch_length")  # the loader's length is known only when training runs
     assert isinstance(optimizer, torch.optim.AdamW) and isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR)
-    assert len(loader) == 20 and scheduler.total_steps == 5 * 20
+    assert epoch_length == 20 and scheduler.total_steps == 5 * 20
     net = parser.get_parsed_content("network_def")
     group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
     named = dict(net.named_parameters())
@@ -129,9 +129,7 @@ def test_project_preset(mini_galar, tmp_path):
     assert trainer.grad_clip_norm is None and trainer.contrastive_weight == 0.0
     groups = parser.get_parsed_content("train#optimizer").param_groups
     assert sorted({g["max_lr"] for g in groups}) == pytest.approx([1e-5, 1e-4])
-    assert parser.get_parsed_content("train#lr_scheduler").total_steps == 10 * len(
-        parser.get_parsed_content("train#dataloader")
-    )
+    assert parser.get_parsed_content("train#lr_scheduler").total_steps == 10 * parser.get_parsed_content("epoch_length")
 
 
 @pytest.mark.parametrize("preset", [None, PAPER, PROJECT])
