@@ -171,7 +171,7 @@ def run_demo(
 
     # 1. training
     train_cfg = _configs(bundle, "train.json")
-    say(f"\n== 1/5 training: {_command('run training', train_cfg)}")
+    say(f"\n== 1/6 training: {_command('run training', train_cfg)}")
     t0 = time.perf_counter()
     wf = _workflow(train_cfg, bundle, "train", **extra)
     ckpt_dir = Path(wf.parser.get_parsed_content("ckpt_dir"))
@@ -182,7 +182,7 @@ def run_demo(
 
     # 2. the temporal stage: refiner cross-fitted on the validation outputs, decoder tuned on refined probabilities
     temporal_cfg = _configs(bundle, "train.json", "temporal_train.json")
-    say(f"\n== 2/5 temporal stage: {_command('run temporal', temporal_cfg)}")
+    say(f"\n== 2/6 temporal stage: {_command('run temporal', temporal_cfg)}")
     t0 = time.perf_counter()
     wf = _workflow(temporal_cfg, bundle, "train", run_id="temporal", **extra)
     temporal_summary_file = Path(wf.parser.get_parsed_content("temporal_dir")) / "temporal_fit.json"
@@ -201,7 +201,7 @@ def run_demo(
     export_args = (
         f" --filepath {model_ts} --ckpt_file {model_pt} --use_trace True --input_shape '[1, 3, {size}, {size}]'"
     )
-    say(f"\n== 3/5 export: {_command('ckpt_export network_def', infer_cfg, export_args)}")
+    say(f"\n== 3/6 export: {_command('ckpt_export network_def', infer_cfg, export_args)}")
     t0 = time.perf_counter()
     ckpt_export(
         net_id="network_def",
@@ -226,7 +226,7 @@ def run_demo(
     wf_inf.finalize()
     override = {"dataset_dir": str(test_dir), "resume": False}
     shown = f" --dataset_dir {_shown_path(test_dir)} --resume False"
-    say(f"\n== 4/5 inference: {_command('run', infer_cfg, shown)}")
+    say(f"\n== 4/6 inference: {_command('run', infer_cfg, shown)}")
     t0 = time.perf_counter()
     wf_inf = _workflow(infer_cfg, bundle, "infer", **override)
     events_file = Path(wf_inf.parser.get_parsed_content("events_file"))
@@ -238,7 +238,7 @@ def run_demo(
     temporal_infer_cfg = _configs(bundle, "inference.json", "temporal_inference.json")
     override["resume"] = True  # reuse the frame model's files written just above
     shown = shown.replace(" --resume False", "")
-    say(f"\n== 4/5 temporal inference: {_command('run', temporal_infer_cfg, shown)}")
+    say(f"\n== 5/6 temporal inference: {_command('run', temporal_infer_cfg, shown)}")
     t0 = time.perf_counter()
     wf_inf = _workflow(temporal_infer_cfg, bundle, "infer", **override)
     temporal_events_file = Path(wf_inf.parser.get_parsed_content("events_file"))
@@ -276,7 +276,7 @@ def run_demo(
     summary["frame_units"] = None if (units := read_frame_units(events_file)) is None else units.value
     atomic_write_json(demo_dir / "summary.json", summary)
     metric_cmd = f"python -m monai_vce.metrics --gt {_shown_path(test_dir / 'ground_truth.json')} --pred {_shown_path(events_file)}"
-    say(f"\n== 5/5 held-out temporal mAP on {len(gt['videos'])} videos: {metric_cmd}")
+    say(f"\n== 6/6 held-out temporal mAP on {len(gt['videos'])} videos: {metric_cmd}")
     say(f"{'pipeline':<34} {'mAP@0.5':>8} {'mAP@0.95':>9}")
     for name, a, b in (
         ("frame model + decoder", summary["mAP@0.5"], summary["mAP@0.95"]),
