@@ -92,7 +92,15 @@ def trained_bundle(tmp_path_factory: Any, mini_galar: Path) -> dict[str, Path]:
     if key not in _CACHE:
         out = tmp_path_factory.mktemp("bundle_train")
         proc = run_bundle(
-            ["run", "training", "--config_file", config_list(TRAIN, DEMO), *tiny_overrides(mini_galar, out)]
+            [
+                "run",
+                "training",
+                "--config_file",
+                config_list(TRAIN, DEMO),
+                *tiny_overrides(mini_galar, out),
+                "--log_iterations",  # the demo logs no per-iteration lines; the log tests read the training loss
+                "True",
+            ]
         )
         log = out / "train.log"
         log.write_text(proc.stdout + proc.stderr)

@@ -24,7 +24,16 @@ def test_error_summary_is_the_innermost_cause():
 
 
 def test_bundle_run_prints_the_message_last(tmp_path):
-    # a real bundle run whose input folder is missing: MONAI wraps the project's FileNotFoundError
+    # a real bundle run whose input folder is missing: MONAI wraps the project's FileNotFoundError. The run gets a
+    # checkpoint of its own, so that the missing folder is the first problem whether or not the demo has run here.
+    import torch
+    from monai.bundle import ConfigParser
+
+    parser = ConfigParser()
+    parser.read_config([ROOT / "bundle/configs/inference.json", ROOT / "bundle/configs/demo.json"])
+    parser["bundle_root"] = str(ROOT / "bundle")
+    (tmp_path / "models").mkdir()
+    torch.save(parser.get_parsed_content("network_def").state_dict(), tmp_path / "models" / "model.pt")
     cmd = [
         sys.executable,
         "-m",
@@ -36,6 +45,8 @@ def test_bundle_run_prints_the_message_last(tmp_path):
         str(tmp_path / "missing"),
         "--output_dir",
         str(tmp_path / "out"),
+        "--ckpt_dir",
+        str(tmp_path / "models"),
     ]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode != 0
