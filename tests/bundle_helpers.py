@@ -54,6 +54,33 @@ def tiny_overrides(data_dir: Path, out_dir: Path, **extra: Any) -> list[str]:
     return args
 
 
+def inference_args(
+    models: Path, data_dir: Path, out: Path, *extra: str, configs: tuple[str, ...] = (INFERENCE, DEMO)
+) -> list[str]:
+    """Arguments of ``python -m monai.bundle run`` inferring ``data_dir`` into ``out`` with the checkpoint folder
+    ``models`` at the tests' tiny size (batch 16, no workers, no progress bar); ``extra`` arguments come last."""
+    return [
+        "run",
+        "--config_file",
+        config_list(*configs),
+        "--bundle_root",
+        str(Path(TRAIN).parents[1]),
+        "--dataset_dir",
+        str(data_dir),
+        "--ckpt_dir",
+        str(models),
+        "--output_dir",
+        str(out),
+        "--batch_size",
+        "16",
+        "--num_workers",
+        "0",
+        "--progress",
+        "False",
+        *extra,
+    ]
+
+
 def run_bundle(
     args: list[str], timeout: float = 300, check: bool = True, module: str = "monai.bundle"
 ) -> subprocess.CompletedProcess:

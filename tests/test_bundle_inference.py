@@ -7,30 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bundle_helpers import DEMO, EVALUATE, INFERENCE, TRAIN, config_list, run_bundle, trained_bundle
+from bundle_helpers import DEMO, EVALUATE, TRAIN, config_list, inference_args, run_bundle, trained_bundle
 
 
 def _infer_args(run, data_dir: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "run",
-        "--config_file",
-        config_list(INFERENCE, DEMO),
-        "--bundle_root",
-        str(Path(TRAIN).parents[1]),
-        "--dataset_dir",
-        str(data_dir),
-        "--ckpt_dir",
-        str(run["models"]),
-        "--output_dir",
-        str(out),
-        "--batch_size",
-        "16",
-        "--num_workers",
-        "0",
-        "--progress",
-        "False",
-        *extra,
-    ]
+    return inference_args(run["models"], data_dir, out, *extra)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from bundle_helpers import DEMO, INFERENCE, REPO, TRAIN, config_list, free_port, run_bundle, trained_bundle
+from bundle_helpers import (
+    DEMO,
+    INFERENCE,
+    REPO,
+    free_port,
+    inference_args,
+    run_bundle,
+    trained_bundle,
+)
 
 from monai_vce.events import load_video_probs
 from monai_vce.inference import reduced_source, reduction_tag, strided_rows
@@ -41,28 +49,7 @@ EVALUATOR_ONLY = json.dumps(
 
 
 def _args(run, data_dir: Path, out: Path, *extra: str, configs: tuple[str, ...] = (INFERENCE, DEMO)) -> list[str]:
-    return [
-        "run",
-        "--config_file",
-        config_list(*configs),
-        "--bundle_root",
-        str(Path(TRAIN).parents[1]),
-        "--dataset_dir",
-        str(data_dir),
-        "--ckpt_dir",
-        str(run["models"]),
-        "--output_dir",
-        str(out),
-        "--batch_size",
-        "16",
-        "--num_workers",
-        "0",
-        "--progress",
-        "False",
-        "--report",
-        "False",
-        *extra,
-    ]
+    return inference_args(run["models"], data_dir, out, "--report", "False", *extra, configs=configs)
 
 
 def _log(proc: subprocess.CompletedProcess) -> str:

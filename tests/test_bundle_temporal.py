@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bundle_helpers import CONFIGS, DEMO, INFERENCE, TRAIN, config_list, run_bundle, tiny_overrides
+from bundle_helpers import CONFIGS, DEMO, INFERENCE, TRAIN, config_list, inference_args, run_bundle, tiny_overrides
 
 from monai_vce.events.probabilities import VideoArrays, load_video_probs, probability_file, save_video_probs
 from monai_vce.labels import NUM_LABELS
@@ -49,26 +49,7 @@ SWAP = {
 
 
 def _infer_args(models: Path, data: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "run",
-        "--config_file",
-        config_list(INFERENCE, TEMPORAL_INFERENCE, DEMO),
-        "--bundle_root",
-        str(Path(TRAIN).parents[1]),
-        "--dataset_dir",
-        str(data),
-        "--ckpt_dir",
-        str(models),
-        "--output_dir",
-        str(out),
-        "--batch_size",
-        "16",
-        "--num_workers",
-        "0",
-        "--progress",
-        "False",
-        *extra,
-    ]
+    return inference_args(models, data, out, *extra, configs=(INFERENCE, TEMPORAL_INFERENCE, DEMO))
 
 
 @pytest.fixture(scope="module")

@@ -8,34 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bundle_helpers import DEMO, INFERENCE, TRAIN, config_list, run_bundle, trained_bundle
+from bundle_helpers import inference_args, run_bundle, trained_bundle
 
 pytest.importorskip("av", reason="video support needs PyAV: pip install 'monai-vce[video]'")
 
 
 def _args(run, data_dir: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "run",
-        "--config_file",
-        config_list(INFERENCE, DEMO),
-        "--bundle_root",
-        str(Path(TRAIN).parents[1]),
-        "--dataset_dir",
-        str(data_dir),
-        "--ckpt_dir",
-        str(run["models"]),
-        "--output_dir",
-        str(out),
-        "--batch_size",
-        "16",
-        "--num_workers",
-        "0",
-        "--progress",
-        "False",
-        "--report",
-        "False",
-        *extra,
-    ]
+    return inference_args(run["models"], data_dir, out, "--report", "False", *extra)
 
 
 def test_inference_on_video_files_gives_events_and_a_review_site(tmp_path_factory, mini_galar):
