@@ -20,13 +20,14 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, BinaryIO, ClassVar, TypeVar
 
 __all__ = [
     "default_bundle_root",
     "natural_key",
     "renamed_arguments",
     "short_repr",
+    "open_regular_file",
     "read_regular_file",
     "loads_json",
     "read_json_file",
@@ -55,28 +56,35 @@ def short_repr(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: max(limit - 3, 1)] + "..."
 
 
-def read_regular_file(path: PathLike, max_bytes: int | None = None, what: str = "file") -> bytes:
-    """Read a regular file with at most ``max_bytes`` bytes, with one-line errors naming it.
+def open_regular_file(
+    path: PathLike, what: str = "file", max_bytes: int | None = None, too_large: str = "raise max_bytes to read it"
+) -> BinaryIO:
+    """Open a file for binary reading once it is known to be a regular file of at most ``max_bytes`` bytes.
 
-    A device (``/dev/zero``), a named pipe or a folder is refused before it is read (reading one could hang or
-    never end), and at most ``max_bytes + 1`` bytes are ever read, so memory stays bounded even when the file
-    grows while it is read.
+    A device (``/dev/zero``), a named pipe or a folder is refused before a byte is read (reading one could hang or
+    never end); opening never waits on a pipe.
 
     Args:
         path: the file.
-        max_bytes: refuse larger files; ``None`` for no limit.
         what: what the file is, for messages (e.g. ``"event file"``).
+        max_bytes: refuse larger files; ``None`` for no limit.
+        too_large: what the message about a file over ``max_bytes`` advises.
+
+    Returns:
+        the open file (the caller closes it).
 
     Raises:
-        FileNotFoundError: the file does not exist.
-        ValueError: not a regular file, larger than ``max_bytes``, or unreadable.
+        FileNotFoundError: the file does not exist (the message says when it is a broken link).
+        ValueError: a folder, not a regular file, larger than ``max_bytes``, or unreadable; one line naming it.
     """
     import stat
 
-    path = Path(path)
+    path = os.fspath(path)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # O_NONBLOCK: opening a pipe never waits
     except FileNotFoundError:
+        if os.path.islink(path):
+            raise FileNotFoundError(f"{what} {path} is a broken link (its target does not exist)") from None
         raise FileNotFoundError(f"{what} {path} not found") from None
     except IsADirectoryError:
         raise ValueError(f"{what} {path} is a folder, not a file") from None
@@ -91,11 +99,32 @@ def read_regular_file(path: PathLike, max_bytes: int | None = None, what: str = 
         if max_bytes is not None and st.st_size > max_bytes:
             raise ValueError(
                 f"{what} {path} is {st.st_size / 1024**2:.1f} MiB, more than the limit of "
-                f"{max_bytes / 1024**2:.1f} MiB (raise max_bytes to read it)"
+                f"{max_bytes / 1024**2:.1f} MiB ({too_large})"
             )
-        chunks, total = [], 0
-        budget = None if max_bytes is None else max_bytes + 1
-        with os.fdopen(os.dup(fd), "rb") as f:
+        return os.fdopen(os.dup(fd), "rb")
+    finally:
+        os.close(fd)
+
+
+def read_regular_file(path: PathLike, max_bytes: int | None = None, what: str = "file") -> bytes:
+    """Read a regular file with at most ``max_bytes`` bytes, with one-line errors naming it.
+
+    The file is opened by :func:`open_regular_file` (devices, pipes and folders refused before they are read), and
+    at most ``max_bytes + 1`` bytes are ever read, so memory stays bounded even when the file grows while it is read.
+
+    Args:
+        path: the file.
+        max_bytes: refuse larger files; ``None`` for no limit.
+        what: what the file is, for messages (e.g. ``"event file"``).
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: not a regular file, larger than ``max_bytes``, or unreadable.
+    """
+    chunks, total = [], 0
+    budget = None if max_bytes is None else max_bytes + 1
+    with open_regular_file(path, what, max_bytes) as f:
+        try:
             while True:
                 chunk = f.read(1 << 20 if budget is None else min(1 << 20, budget - total))
                 if not chunk:
@@ -106,11 +135,9 @@ def read_regular_file(path: PathLike, max_bytes: int | None = None, what: str = 
                     raise ValueError(
                         f"{what} {path} grew beyond the limit of {(budget - 1) / 1024**2:.1f} MiB while read"
                     )
-        return b"".join(chunks)
-    except OSError as e:
-        raise ValueError(f"{what} {path}: cannot read it ({e.strerror or e})") from None
-    finally:
-        os.close(fd)
+        except OSError as e:
+            raise ValueError(f"{what} {path}: cannot read it ({e.strerror or e})") from None
+    return b"".join(chunks)
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -129,7 +129,7 @@ def test_non_png_content_and_missing_file(tmp_path):
     p.write_text("hello, not an image")
     with pytest.raises(ValueError, match=r"notes\.png is not a PNG file"):
         load_vce_frame(p)
-    with pytest.raises(FileNotFoundError, match=r"frame file not found: .*missing\.png"):
+    with pytest.raises(FileNotFoundError, match=r"frame file .*missing\.png not found"):
         load_vce_frame(tmp_path / "missing.png")
 
 

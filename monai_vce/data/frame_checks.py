@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import io
 import os
-import stat
 import struct
 import zlib
 
 import numpy as np
+
+from monai_vce.utils import open_regular_file
 
 __all__ = [
     "MAX_FRAME_BYTES",
@@ -194,30 +195,9 @@ def read_frame_bytes(path: str | os.PathLike, limit: int | None = None) -> bytes
             one line naming the file.
     """
     path = os.fspath(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # O_NONBLOCK: opening a pipe never waits
-    except FileNotFoundError:
-        if os.path.islink(path):
-            raise FileNotFoundError(f"frame file {path} is a broken link (its target does not exist)") from None
-        raise FileNotFoundError(f"frame file not found: {path}") from None
-    except IsADirectoryError:
-        raise ValueError(f"frame path is a folder, not a PNG file: {path}") from None
-    except OSError as e:
-        raise ValueError(f"frame file {path}: cannot read it ({e.strerror or e})") from None
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise ValueError(f"frame path is a folder, not a PNG file: {path}")
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"frame file {path} is not a regular file (a device, pipe or socket); give an image file")
-        if st.st_size > MAX_FRAME_BYTES:
-            raise ValueError(
-                f"frame file {path} is {st.st_size / 1024**2:.0f} MiB, more than the {MAX_FRAME_BYTES / 1024**2:.0f} "
-                "MiB a frame file may take (not a capsule frame)"
-            )
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read(MAX_FRAME_BYTES + 1 if limit is None else min(int(limit), MAX_FRAME_BYTES + 1))
-    except OSError as e:
-        raise ValueError(f"frame file {path}: cannot read it ({e.strerror or e})") from None
-    finally:
-        os.close(fd)
+    size = MAX_FRAME_BYTES + 1 if limit is None else min(int(limit), MAX_FRAME_BYTES + 1)
+    with open_regular_file(path, "frame file", MAX_FRAME_BYTES, too_large="not a capsule frame") as f:
+        try:
+            return f.read(size)
+        except OSError as e:
+            raise ValueError(f"frame file {path}: cannot read it ({e.strerror or e})") from None
