@@ -226,24 +226,27 @@ def run_demo(
     wf_inf.finalize()
     override = {"dataset_dir": str(test_dir), "resume": False}
     shown = f" --dataset_dir {_shown_path(test_dir)} --resume False"
-    say(f"\n== 4/6 inference: {_command('run', infer_cfg, shown)}")
+
+    def infer(stage: str, configs: list[str]) -> tuple[Path, Path]:
+        """Run one inference stage as its printed command does; its event file and probability folder."""
+        say(f"\n== {stage}: {_command('run', configs, shown)}")
+        wf = _workflow(configs, bundle, "infer", **override)
+        events = Path(wf.parser.get_parsed_content("events_file"))
+        probs = Path(wf.parser.get_parsed_content("probs_dir"))
+        wf.run()
+        wf.finalize()
+        return events, probs
+
     t0 = time.perf_counter()
-    wf_inf = _workflow(infer_cfg, bundle, "infer", **override)
-    events_file = Path(wf_inf.parser.get_parsed_content("events_file"))
-    wf_inf.run()
-    wf_inf.finalize()
+    events_file, probs_dir = infer("4/6 inference", infer_cfg)
     timings["inference_s"] = time.perf_counter() - t0
 
     # ... and frame model -> refiner -> decoder, reusing the frame model's probability files of the same folder
     temporal_infer_cfg = _configs(bundle, "inference.json", "temporal_inference.json")
     override["resume"] = True  # reuse the frame model's files written just above
     shown = shown.replace(" --resume False", "")
-    say(f"\n== 5/6 temporal inference: {_command('run', temporal_infer_cfg, shown)}")
     t0 = time.perf_counter()
-    wf_inf = _workflow(temporal_infer_cfg, bundle, "infer", **override)
-    temporal_events_file = Path(wf_inf.parser.get_parsed_content("events_file"))
-    wf_inf.run()
-    wf_inf.finalize()
+    temporal_events_file, _ = infer("5/6 temporal inference", temporal_infer_cfg)
     timings["temporal_inference_s"] = time.perf_counter() - t0
 
     # 5. scoring against the held-out ground truth, and the empty submission's score
@@ -254,7 +257,7 @@ def run_demo(
     score_temporal = temporal_map(gt, load_events(temporal_events_file))
     summary = {
         "events_file": str(events_file),
-        "probs_dir": str(wf_inf.parser.get_parsed_content("probs_dir")),
+        "probs_dir": str(probs_dir),
         "model": str(ckpt_dir / "model.pt"),
         "torchscript": str(model_ts),
         "torchscript_max_abs_diff": ts_diff,

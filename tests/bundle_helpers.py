@@ -135,6 +135,17 @@ def trained_bundle(tmp_path_factory: Any, mini_galar: Path) -> dict[str, Path]:
     return _CACHE[key]
 
 
+def chain_text(exc: BaseException | None) -> str:
+    """The messages of an exception and of its causes / contexts, one a line (MONAI wraps errors raised in
+    transforms and config expressions)."""
+    parts, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        parts.append(f"{type(exc).__name__}: {exc}")
+        exc = exc.__cause__ or exc.__context__
+    return "\n".join(parts)
+
+
 def require_integration(module: str, extra: str) -> Any:
     """Import an optional integration's ``module``; skip the test when it is missing, unless ``.ci/integration`` runs
     the test in the environment it installed for ``extra`` (``MONAI_VCE_INTEGRATION=extra``): then a missing module

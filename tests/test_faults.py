@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from bundle_helpers import chain_text
 from capped import TORCH_CAP_MB, memory_cap
 
 from monai_vce.labels import LABELS, NUM_LABELS
@@ -115,16 +116,6 @@ def _run(argv: list[str], timeout: float = 300, **kw: object) -> subprocess.Comp
         preexec_fn=memory_cap(BUNDLE_CAP_MB),
         **kw,
     )
-
-
-def _chain_text(exc: BaseException) -> str:
-    """The messages of an exception and of its causes / contexts (MONAI wraps errors raised in transforms)."""
-    parts, seen = [], set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        parts.append(f"{type(exc).__name__}: {exc}")
-        exc = exc.__cause__ or exc.__context__
-    return "\n".join(parts)
 
 
 def _copy_tree(src: Path, dst: Path) -> Path:
@@ -726,7 +717,7 @@ def test_broken_frame_fails_naming_file_without_corrupting_outputs(
     out = tmp_path / "out"
     with pytest.raises(Exception) as info:
         _infer_in_process(frames_copy, out, tiny_model)
-    assert str(bad) in _chain_text(info.value)
+    assert str(bad) in chain_text(info.value)
     assert sorted(p.name for p in (out / "probs").glob("*.npz")) == ["1.npz"]
     assert len(load_video_probs(out / "probs" / "1.npz")) == 60
     assert not (out / "events.json").exists()
@@ -1012,7 +1003,7 @@ def test_checkpoint_of_another_number_of_classes_names_the_file(mini_galar: Path
     torch.save(other.state_dict(), ckpt)
     with pytest.raises(Exception) as info:
         _infer_in_process(mini_galar, tmp_path / "out", ckpt)
-    text = _chain_text(info.value)
+    text = chain_text(info.value)
     assert str(ckpt) in text, f"the error does not name the checkpoint file:\n{text[-2000:]}"
     assert re.search(r"\b5\b", text) and re.search(r"\b17\b", text)
     assert not (tmp_path / "out" / "events.json").exists()
@@ -1029,7 +1020,7 @@ def test_config_pointing_to_a_missing_folder(tmp_path: Path, tiny_model: Path) -
     # inference, in process
     with pytest.raises(Exception) as info:
         _infer_in_process(missing, tmp_path / "out", tiny_model)
-    assert f"input folder {missing} not found" in _chain_text(info.value)
+    assert f"input folder {missing} not found" in chain_text(info.value)
     assert not (tmp_path / "out" / "events.json").exists()
 
 

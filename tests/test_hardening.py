@@ -25,6 +25,7 @@ from urllib.parse import unquote
 import numpy as np
 import pytest
 import torch
+from bundle_helpers import chain_text
 from capped import LIGHT_CAP_MB, TORCH_CAP_MB, python_capped, run_capped
 
 from monai_vce.labels import LABELS, NUM_LABELS
@@ -74,15 +75,6 @@ def _bomb_png(width: int, height: int) -> bytes:
 def _bomb_jpeg(width: int, height: int) -> bytes:
     sof = b"\xff\xc0" + struct.pack(">HBHHB", 17, 8, height, width, 3) + b"\x01\x22\x00\x02\x11\x01\x03\x11\x01"
     return b"\xff\xd8" + sof + b"\xff\xd9"
-
-
-def _chain_text(exc: BaseException | None) -> str:
-    parts, seen = [], set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        parts.append(f"{type(exc).__name__}: {exc}")
-        exc = exc.__cause__ or exc.__context__
-    return "\n".join(parts)
 
 
 def _one_line(err: pytest.ExceptionInfo, *needles: str) -> str:
@@ -239,7 +231,7 @@ def test_1_corrupted_frame_in_a_bundle_run_with_workers(tmp_path: Path, mini_gal
             wf.run()
     finally:
         wf.finalize()
-    text = _chain_text(err.value)
+    text = chain_text(err.value)
     assert f"truncated or corrupted PNG frame {bad}" in text, text[-3000:]
     assert sorted(p.name for p in (out / "probs").glob("*.npz")) == ["1.npz", "2.npz"]
     assert not (out / "events.json").exists()
