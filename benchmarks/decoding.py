@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from monai_vce.data.synthetic import find_galar_events
 from monai_vce.metrics import temporal_map
 from monai_vce.postprocessing import (
     NOISE_LEVELS,
@@ -39,12 +40,14 @@ from monai_vce.postprocessing import (
     tune_decoder,
 )
 
-GALAR = Path(__file__).resolve().parents[2] / "shared" / "data" / "galar_events.json"
+GALAR = find_galar_events()  # MONAI_VCE_GALAR_EVENTS, else shared/data beside the checkout
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gt", default=str(GALAR), help="ground-truth event JSON (frame_index units)")
+    parser.add_argument(
+        "--gt", default=GALAR, required=GALAR is None, help="ground-truth event JSON (frame_index units)"
+    )
     parser.add_argument("--levels", nargs="+", default=list(NOISE_LEVELS), help="noise levels")
     parser.add_argument("--tune-videos", type=int, default=60, help="videos used for tuning; the rest are held out")
     parser.add_argument("--rounds", type=int, default=2, help="coordinate-ascent rounds of the tuning")

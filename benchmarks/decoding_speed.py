@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from monai_vce.data.synthetic import find_galar_events
 from monai_vce.metrics import temporal_map, temporal_map_reference
 from monai_vce.postprocessing import (
     DecoderParams,
@@ -27,12 +28,12 @@ from monai_vce.postprocessing import (
     simulate_probabilities,
 )
 
-GALAR = Path(__file__).resolve().parents[2] / "shared" / "data" / "galar_events.json"
+GALAR = find_galar_events()  # MONAI_VCE_GALAR_EVENTS, else shared/data beside the checkout
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gt", default=str(GALAR))
+    parser.add_argument("--gt", default=GALAR, required=GALAR is None)
     parser.add_argument("--level", default="low")
     parser.add_argument("--skip-reference", action="store_true", help="do not time the per-pair reference metric")
     args = parser.parse_args()

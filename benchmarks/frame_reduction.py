@@ -50,7 +50,9 @@ from typing import Any
 
 import numpy as np
 
-GALAR = Path(__file__).resolve().parents[2] / "shared" / "data" / "galar_events.json"
+from monai_vce.data.synthetic import find_galar_events
+
+GALAR = find_galar_events()  # MONAI_VCE_GALAR_EVENTS, else shared/data beside the checkout
 
 #: Coarse-to-fine settings measured by default (``adaptive_inference`` keyword arguments).
 DEFAULT_REFINE = ('{"stride": 8}', '{"stride": 8, "margin": 0.5, "score_tolerance": 0.05}')
@@ -348,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command")
     s = sub.add_parser("simulated", help="simulated probabilities of the 80 Galar timelines (default)")
-    s.add_argument("--gt", default=str(GALAR), help="ground-truth event JSON (index units)")
+    s.add_argument("--gt", default=GALAR, required=GALAR is None, help="ground-truth event JSON (index units)")
     s.add_argument("--levels", nargs="*", default=["low", "medium", "high"], help="noise levels")
     s.add_argument("--noise", nargs="*", default=[], help="extra noise variants NAME=JSON (see the docstring)")
     s.add_argument("--folds", type=int, default=4)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from monai_vce.data.synthetic import find_galar_events
 from monai_vce.labels import LABELS, LANDMARKS, PATHOLOGY, SECTIONS
 from monai_vce.metrics import load_events, save_events
 from monai_vce.postprocessing import events_to_frames, frames_to_events
@@ -36,7 +37,7 @@ from monai_vce.report import write_report
 from monai_vce.utils import atomic_save_npz
 
 ROOT = Path(__file__).resolve().parents[1]
-GALAR = ROOT.parent / "shared" / "data" / "galar_events.json"
+GALAR = find_galar_events()  # MONAI_VCE_GALAR_EVENTS, else shared/data beside the checkout
 #: A mix of short and long Galar videos with different pathologies.
 DEFAULT_VIDEOS = ("14", "18", "22", "26", "27", "32")
 #: Hand-set chain parameters per group (sections, landmarks, pathology), in LABELS order; a tuned decoder
@@ -52,7 +53,9 @@ CHAIN = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gt", default=str(GALAR), help="ground-truth event JSON (frame_index units)")
+    parser.add_argument(
+        "--gt", default=GALAR, required=GALAR is None, help="ground-truth event JSON (frame_index units)"
+    )
     parser.add_argument("--videos", nargs="+", default=list(DEFAULT_VIDEOS), help="video ids, or 'all'")
     parser.add_argument("--show", default="27", help="video whose timeline becomes the example image")
     parser.add_argument("--level", default="low", help="noise level of the simulated probabilities")

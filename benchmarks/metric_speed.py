@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import numpy as np
 
+from monai_vce.data.synthetic import find_galar_events
 from monai_vce.labels import LABELS
 from monai_vce.metrics import load_events, temporal_map, temporal_map_reference
 
-DEFAULT_GT = Path(__file__).resolve().parents[2] / "shared/data/galar_events.json"
+DEFAULT_GT = find_galar_events()  # MONAI_VCE_GALAR_EVENTS, else shared/data beside the checkout
 
 
 def noisy_prediction(gt: dict, rng: np.random.Generator, drop: float, dup: float, fp: float, scale: int) -> dict:
@@ -55,7 +55,7 @@ def noisy_prediction(gt: dict, rng: np.random.Generator, drop: float, dup: float
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--gt", default=str(DEFAULT_GT))
+    p.add_argument("--gt", default=DEFAULT_GT, required=DEFAULT_GT is None)
     p.add_argument("--drop", type=float, default=0.2)
     p.add_argument("--dup", type=float, default=0.1)
     p.add_argument("--fp", type=float, default=0.5)

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from monai_vce.data.synthetic import find_galar_events
 from monai_vce.labels import LABELS, SECTIONS
 from monai_vce.metrics import temporal_map
 from monai_vce.postprocessing import (
@@ -57,7 +58,7 @@ from monai_vce.postprocessing import (
 )
 from monai_vce.temporal import TemporalRefiner, cross_fit_refiner, fit_refiner, select_pipeline
 
-GALAR = Path(__file__).resolve().parents[2] / "shared" / "data" / "galar_events.json"
+GALAR = find_galar_events()  # MONAI_VCE_GALAR_EVENTS, else shared/data beside the checkout
 
 #: A noise model between ``medium`` and ``high`` with a different temporal structure (shorter correlation,
 #: longer false-positive bursts, more flicker), never used to choose the refiner's settings.
@@ -258,7 +259,7 @@ def run_speed(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gt", default=str(GALAR), help="ground-truth event JSON (index units)")
+    parser.add_argument("--gt", default=GALAR, required=GALAR is None, help="ground-truth event JSON (index units)")
     parser.add_argument("--levels", nargs="+", default=list(LEVELS), choices=list(LEVELS), help="noise levels")
     parser.add_argument("--fit-videos", type=int, default=40, help="videos for fitting; the rest are held out")
     parser.add_argument("--folds", type=int, default=2, help="cross-fitting folds over the fitting videos")
