@@ -214,14 +214,14 @@ CHAIN_STEPS: dict[str, ChainStep] = {
         ChainStep(
             "fill_gaps",
             Param("max_gap", "integer", 5, 0, MAX_FRAMES, grid=(0, 2, 5, 10, 20, 50)),
-            lambda x, v: fill_gaps(x, v),
+            fill_gaps,
             needs_mask=True,
             doc="inactive runs of at most max_gap frames between active runs become active (0: off)",
         ),
         ChainStep(
             "min_length",
             Param("min_length", "integer", 3, 0, MAX_FRAMES, grid=(0, 3, 5, 10, 20, 50)),
-            lambda x, v: remove_short_runs(x, v),
+            remove_short_runs,
             needs_mask=True,
             doc="active runs shorter than min_length frames are removed (0 or 1: off)",
         ),
