@@ -7,12 +7,14 @@ changes the split and the simulation draw), and two pipelines are scored on the 
 :func:`monai_vce.metrics.temporal_map`, side by side:
 
 - ``decoder``: :func:`monai_vce.postprocessing.tune_decoder` fitted on the 40 fitting videos' probabilities;
-- ``refiner + decoder``: :func:`monai_vce.temporal.cross_fit_refiner` on the 40 fitting videos (``--folds``
-  folds: each fold's videos are refined by a refiner fitted on the other folds), ``tune_decoder`` fitted on
-  those out-of-fold refined probabilities (never on a refiner's own training videos), and the final refiner
-  (fitted on all 40) followed by that decoder on the held-out videos;
-- ``refiner (sections passed through) + decoder``: the same refiners with the five sections' probabilities
-  passed through unchanged (``passthrough``), the decoder tuned on those out-of-fold probabilities;
+- ``refiner``: :func:`monai_vce.temporal.cross_fit_refiner` on the 40 fitting videos (``--folds`` folds: each
+  fold's videos are refined by a refiner fitted on the other folds), ``tune_decoder`` fitted on those
+  out-of-fold refined probabilities (never on a refiner's own training videos), and the final refiner (fitted
+  on all 40) followed by that decoder on the held-out videos; the refiner's defaults, so the five sections'
+  probabilities are passed through unchanged (``passthrough``);
+- ``refiner, every label refined``: the same refiners with nothing passed through (``passthrough=()``), the
+  decoder tuned on those out-of-fold probabilities (the refiners are fitted once: passing labels through changes
+  only what :meth:`TemporalRefiner.refine` returns);
 - ``selected``: the pipeline :func:`monai_vce.temporal.select_pipeline` picks from the three by their decoders'
   tuning objectives on the fitting videos (the decoder alone unless a refiner pipeline leads by more than the
   default margin, 0.01), scored on the held-out videos: what a user gets who lets the product decide.
@@ -131,16 +133,15 @@ def run_levels(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
         test_probs: dict[str, dict[str, np.ndarray]] = {"decoder": {k: sim[k][0] for k in test_ids}}
 
         t0 = time.perf_counter()
-        cross = cross_fit_refiner(fit, folds=args.folds, seed=args.seed, **fit_kwargs)
+        # fitted with nothing passed through; the default (sections passed through) is derived from the same fits
+        cross = cross_fit_refiner(fit, folds=args.folds, seed=args.seed, **{**fit_kwargs, "passthrough": ()})
         t_fit = time.perf_counter() - t0
         assert cross.refiner is not None
         refined_test = {k: cross.refiner.refine(sim[k][0]) for k in test_ids}
-        inputs["refiner"] = cross.tuning_videos(fit)
-        test_probs["refiner"] = refined_test
-        inputs["refiner, sections passed"] = {
-            k: (passthrough(cross.refined[k], sim[k][0]), *sim[k][1:]) for k in fit_ids
-        }
-        test_probs["refiner, sections passed"] = {k: passthrough(refined_test[k], sim[k][0]) for k in test_ids}
+        inputs["refiner"] = {k: (passthrough(cross.refined[k], sim[k][0]), *sim[k][1:]) for k in fit_ids}
+        test_probs["refiner"] = {k: passthrough(refined_test[k], sim[k][0]) for k in test_ids}
+        inputs["refiner, every label refined"] = cross.tuning_videos(fit)
+        test_probs["refiner, every label refined"] = refined_test
 
         tuned, scores, seconds, labels = {}, {}, {}, {}
         for name in inputs:

@@ -11,10 +11,12 @@ import torch
 from monai_vce.labels import LABELS, NUM_LABELS, SECTIONS
 from monai_vce.postprocessing import DecoderParams
 from monai_vce.temporal import (
+    LabelwiseTCN,
     LeakageError,
     MultiStageTCN,
     TemporalRefinementLoss,
     TemporalRefiner,
+    change_point_states,
     check_no_leakage,
     cross_fit_refiner,
     fit_refiner,
@@ -23,7 +25,10 @@ from monai_vce.temporal import (
     select_pipeline,
 )
 
-TINY = {"stages": 2, "layers": 5, "channels": 8, "dropout": 0.0}
+TINY = {"_target_": "monai_vce.temporal.MultiStageTCN", "stages": 2, "layers": 5, "channels": 8, "dropout": 0.0}
+#: a small label-wise network (the default kind), with step-state inputs
+TINY_LW = {"channels": 4, "layers": 3, "label_features": 2, "context_layers": 3, "context_channels": 8,
+           "dropout": 0.0, "change_points": (0.5, 1.0), "lookback": 20}  # fmt: skip
 
 
 def _scramble(refiner: TemporalRefiner, seed: int = 0) -> TemporalRefiner:
@@ -265,11 +270,18 @@ def test_refiner_learns_section_order():
     test = [_section_video(1200, rng) for _ in range(4)]
     refiner = fit_refiner(
         train,
-        network={"stages": 2, "layers": 7, "channels": 16, "dropout": 0.0},
+        network={
+            "_target_": "monai_vce.temporal.MultiStageTCN",
+            "stages": 2,
+            "layers": 7,
+            "channels": 16,
+            "dropout": 0.0,
+        },
         steps=80,
         crop_length=600,
         batch_size=4,
         learning_rate=2e-2,
+        passthrough=(),  # the sections are what this test refines
         seed=0,
     )
     raw_ap, refined_ap = [], []
@@ -314,3 +326,86 @@ def test_select_pipeline_keeps_the_baseline_unless_beaten():
     assert select_pipeline({"decoder": tuned(0.50), "refiner": tuned(0.505)}, "decoder", margin=0.0) == "refiner"
     with pytest.raises(ValueError, match="objective"):
         select_pipeline({"decoder": DecoderParams(), "refiner": tuned(0.5)})
+
+
+def test_change_point_states():
+    x = torch.tensor([0.0, 0.1, 2.0, 2.1, 1.9, 0.0, 0.0, 0.0, 0.0, 3.0])[None, None]
+    states = change_point_states(x, (0.5, 2.5), lookback=3)
+    assert states.shape == (1, 2, 10)
+    # h = 0.5: up at frame 2, down at 5, remembered for 3 frames, then nothing until the next step
+    assert states[0, 0].tolist() == [0, 0, 1, 1, 1, -1, -1, -1, -1, 1]
+    # h = 2.5: only the last jump is large enough
+    assert states[0, 1].tolist() == [0, 0, 0, 0, 0, 0, 0, 0, 0, 1]
+    # no step across padding: a sequence starting after padded frames has no step at its first real frame
+    mask = torch.tensor([0, 0, 1, 1, 1, 1, 1, 1, 1, 1.0])[None, None]
+    padded = change_point_states(x * mask, (0.5,), lookback=3, mask=mask)
+    assert padded[0, 0].tolist() == [0, 0, 0, 0, 0, -1, -1, -1, -1, 1]
+
+
+def test_labelwise_network_shapes_context_and_identity():
+    torch.manual_seed(0)
+    net = LabelwiseTCN(in_channels=NUM_LABELS + 3, **TINY_LW)
+    assert net.context == 2 * (2**3 - 1) + 20
+    # untrained: the input logits through the affine skip, whatever the rest of the input
+    net.init_skip(torch.full((NUM_LABELS,), 2.0), torch.full((NUM_LABELS,), -1.0))
+    x = torch.randn(2, NUM_LABELS + 3, 90)
+    out = net(x)
+    assert out.shape == (2, 2, NUM_LABELS, 90)
+    torch.testing.assert_close(out[-1], 2.0 * x[:, :NUM_LABELS] - 1.0)
+    for p in net.parameters():  # now every weight matters
+        torch.nn.init.normal_(p, std=0.3)
+    net.eval()
+    x = torch.randn(1, NUM_LABELS + 3, 300)
+    base = net(x)[-1, 0, :, 150]
+    far = x.clone()
+    far[0, :, 150 + net.context + 1] += 5.0
+    far[0, :, 150 - net.context - 1] -= 5.0
+    assert torch.equal(net(far)[-1, 0, :, 150], base)
+    # labels share the label-wise weights but not their outputs: changing one label's evidence moves others
+    # only through the context stage
+    moved = x.clone()
+    moved[0, 0, 140:160] += 3.0
+    assert not torch.equal(net(moved)[-1, 0, 1, 150], base[1])
+    with pytest.raises(ValueError, match="per-label evidence"):
+        LabelwiseTCN(in_channels=5)
+
+
+def test_default_network_follows_the_inputs(tmp_path):
+    assert isinstance(TemporalRefiner().network, LabelwiseTCN)
+    assert isinstance(TemporalRefiner(inputs="both", feature_dim=4).network, LabelwiseTCN)
+    assert isinstance(TemporalRefiner(inputs="features", feature_dim=4).network, MultiStageTCN)
+    # the sections pass through unless asked otherwise (and cannot without probabilities among the inputs)
+    assert TemporalRefiner().passthrough == list(SECTIONS)
+    assert TemporalRefiner(passthrough=()).passthrough == []
+    assert TemporalRefiner(inputs="features", feature_dim=4).passthrough == []
+    with pytest.raises(ValueError, match="inputs='features'"):
+        TemporalRefiner(inputs="features", feature_dim=4, network={"_target_": "monai_vce.temporal.LabelwiseTCN"})
+    # chunked inference equals whole-video inference with the step states' lookback in the overlap
+    refiner = _scramble(TemporalRefiner(network=TINY_LW, chunk_size=None, passthrough=()))
+    refiner.set_input_statistics(np.full(refiner.in_channels, 0.3), np.full(refiner.in_channels, 1.7))
+    probs = _probs(700)
+    whole = refiner.refine(probs)
+    for chunk in (7, refiner.context, 250):
+        np.testing.assert_allclose(refiner.refine(probs, chunk_size=chunk), whole, atol=1e-5, rtol=0)
+    loaded = TemporalRefiner.load(refiner.save(tmp_path / "lw.pt"))
+    assert isinstance(loaded.network, LabelwiseTCN) and loaded.get_config() == refiner.get_config()
+    np.testing.assert_array_equal(loaded.refine(probs), whole)
+
+
+def test_boundary_weighted_loss():
+    target = torch.zeros(1, NUM_LABELS, 20)
+    target[0, 0, 8:12] = 1.0
+    loss = TemporalRefinementLoss(smoothness=0.0, boundary_weight=3.0, boundary_radius=1)
+    w = loss.boundary_weights(target)
+    # changes between frames 7|8 and 11|12: frames 7, 8, 11, 12 and one more on each side
+    assert w[0, 0].tolist() == [1.0] * 6 + [4.0] * 8 + [1.0] * 6
+    assert torch.all(w[0, 1:] == 1.0)
+    plain = TemporalRefinementLoss(smoothness=0.0)
+    # an error at a boundary costs more than the same error far from one; without weights they cost the same
+    at_edge, far = torch.zeros(1, 1, NUM_LABELS, 20), torch.zeros(1, 1, NUM_LABELS, 20)
+    at_edge[..., 0, 7] = 4.0
+    far[..., 0, 1] = 4.0
+    assert loss(at_edge, target) > loss(far, target)
+    assert torch.isclose(plain(at_edge, target), plain(far, target))
+    with pytest.raises(ValueError, match="boundary_weight"):
+        TemporalRefinementLoss(boundary_weight=-1.0)

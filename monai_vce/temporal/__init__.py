@@ -27,7 +27,14 @@ bundle: ``bundle/configs/temporal_train.json`` (:func:`fit_temporal_stage`) and 
 from __future__ import annotations
 
 from .losses import FRAME_LOSS_DEFAULTS, REFINER_LOSS_DEFAULTS, TemporalRefinementLoss
-from .networks import DilatedResidualLayer, MultiStageTCN, SingleStageTCN, network_context
+from .networks import (
+    DilatedResidualLayer,
+    LabelwiseTCN,
+    MultiStageTCN,
+    SingleStageTCN,
+    change_point_states,
+    network_context,
+)
 from .protocol import (
     CrossFitResult,
     LeakageError,
@@ -53,6 +60,8 @@ __all__ = [
     "prepare_videos",
     "refiner_loss",
     "MultiStageTCN",
+    "LabelwiseTCN",
+    "change_point_states",
     "SingleStageTCN",
     "DilatedResidualLayer",
     "network_context",

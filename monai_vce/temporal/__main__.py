@@ -53,14 +53,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     f.add_argument("--units", default=None, help=argparse.SUPPRESS)  # former name of --frame-units
     f.add_argument("--network", default=None, help='network settings as JSON, e.g. \'{"stages": 4, "channels": 64}\'')
-    f.add_argument("--steps", type=int, default=200, help="optimisation steps (default 200)")
-    f.add_argument("--crop-length", type=int, default=2048, help="frames per training crop (default 2048)")
-    f.add_argument("--batch-size", type=int, default=6, help="crops per step (default 6)")
+    f.add_argument("--steps", type=int, default=480, help="optimisation steps (default 480)")
+    f.add_argument("--crop-length", type=int, default=1024, help="frames per training crop (default 1024)")
+    f.add_argument("--batch-size", type=int, default=8, help="crops per step (default 8)")
     f.add_argument("--learning-rate", type=float, default=1e-2, help="peak learning rate (default 1e-2)")
     f.add_argument("--smoothness", type=float, default=0.0, help="weight of the smoothness term (default 0: off)")
+    f.add_argument(
+        "--boundary-weight", type=float, default=8.0, help="extra loss weight next to label changes (default 8; 0: off)"
+    )
     f.add_argument("--position", action="store_true", help="give the refiner each frame's position in the video")
     f.add_argument(
-        "--passthrough", nargs="+", default=[], metavar="LABEL", help="labels returned unchanged (e.g. the sections)"
+        "--passthrough",
+        nargs="*",
+        default=None,
+        metavar="LABEL",
+        help="labels returned unchanged (default: the five sections when reading probabilities; no LABEL: none)",
     )
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -115,6 +122,7 @@ def _fit(args: argparse.Namespace) -> dict[str, Any]:
         steps=args.steps,
         learning_rate=args.learning_rate,
         smoothness=args.smoothness,
+        boundary_weight=args.boundary_weight,
         val_videos=val,
         trained_on=trained_on,
         seed=args.seed,

@@ -58,6 +58,12 @@ class TemporalRefinementLoss(_Loss):
         tau: truncation of the absolute log-probability difference (MS-TCN uses 4).
         class_weight: per-label weights of the classification loss (``C`` non-negative floats), as for the
             frame model; only with a mapping ``loss``.
+        boundary_weight: extra weight of the classification loss on frames within ``boundary_radius`` frames of
+            a change of the label's target (a frame's loss is multiplied by ``1 + boundary_weight`` there). The
+            challenge matches events by temporal IoU, so a boundary a few frames off, or two runs merged across
+            a short gap, loses the event, while a per-frame loss counts those frames like any other; 0 turns
+            it off.
+        boundary_radius: frames on each side of a change that count as near it.
     """
 
     def __init__(
@@ -66,10 +72,18 @@ class TemporalRefinementLoss(_Loss):
         smoothness: float = 0.15,
         tau: float = 4.0,
         class_weight: Sequence[float] | torch.Tensor | None = None,
+        boundary_weight: float = 0.0,
+        boundary_radius: int = 2,
     ) -> None:
         super().__init__()
         if smoothness < 0 or tau <= 0:
             raise ValueError(f"smoothness must be >= 0 and tau > 0, got {smoothness} and {tau}")
+        if boundary_weight < 0 or boundary_radius < 0:
+            raise ValueError(
+                f"boundary_weight and boundary_radius must be >= 0, got {boundary_weight} and {boundary_radius}"
+            )
+        self.boundary_weight = float(boundary_weight)
+        self.boundary_radius = int(boundary_radius)
         if isinstance(loss, nn.Module):
             if class_weight is not None:
                 raise ValueError("class_weight applies to the default loss; give the module its own weights")
@@ -82,6 +96,16 @@ class TemporalRefinementLoss(_Loss):
             self.classification = AsymmetricFocalLoss(**kwargs, reduction="none")
         self.smoothness = float(smoothness)
         self.tau = float(tau)
+
+    def boundary_weights(self, target: torch.Tensor) -> torch.Tensor:
+        """``(B, C, T)`` per-element weights: ``1 + boundary_weight`` within ``boundary_radius`` frames of a change
+        of the target along time, 1 elsewhere."""
+        change = (target[..., 1:] != target[..., :-1]).to(target.dtype)
+        # both frames of a change are on the boundary
+        edge = torch.maximum(F.pad(change, (1, 0)), F.pad(change, (0, 1)))
+        r = self.boundary_radius
+        near = F.max_pool1d(edge, 2 * r + 1, stride=1, padding=r) if r > 0 else edge
+        return 1.0 + self.boundary_weight * near
 
     def forward(
         self,
@@ -105,9 +129,10 @@ class TemporalRefinementLoss(_Loss):
         denom = m.sum().clamp(min=1.0) * target.shape[1]
         pair = m[..., 1:] * m[..., :-1]
         pair_denom = pair.sum().clamp(min=1.0) * target.shape[1] * 2
+        weight = m * self.boundary_weights(target) if self.boundary_weight > 0 else m
         total = x.new_zeros(())
         for stage in x:
-            total = total + (self.classification(stage, target) * m).sum() / denom
+            total = total + (self.classification(stage, target) * weight).sum() / denom
             if self.smoothness > 0 and stage.shape[-1] > 1:
                 logp = torch.cat([F.logsigmoid(stage), F.logsigmoid(-stage)], dim=1)
                 diff = logp[..., 1:] - logp.detach()[..., :-1]

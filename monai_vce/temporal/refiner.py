@@ -35,11 +35,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from monai_vce.labels import LABELS, NUM_LABELS
+from monai_vce.labels import LABELS, NUM_LABELS, SECTIONS
 from monai_vce.utils import atomic_write_bytes
 
 from .losses import as_stages
-from .networks import MultiStageTCN, network_context
+from .networks import LabelwiseTCN, MultiStageTCN, network_context
 
 __all__ = ["INPUTS", "POSITION_CHANNELS", "FILE_FORMAT", "TemporalRefiner", "input_channels", "position_channels"]
 
@@ -79,12 +79,17 @@ def _class_path(obj: nn.Module) -> str:
 
 
 def _build_network(spec: Mapping[str, Any], in_channels: int, inputs: str) -> nn.Module:
-    """Build a network from ``{"_target_": import path (default MultiStageTCN), **kwargs}``."""
+    """Build a network from ``{"_target_": import path, **kwargs}``; the default target is
+    :class:`LabelwiseTCN` when the probabilities are among the inputs (it reads them as per-label evidence)
+    and :class:`MultiStageTCN` for features alone."""
     kwargs = {k: v for k, v in spec.items() if k != "_target_"}
-    target = spec.get("_target_", f"{MultiStageTCN.__module__}.{MultiStageTCN.__qualname__}")
+    default = MultiStageTCN if inputs == "features" else LabelwiseTCN
+    target = spec.get("_target_", f"{default.__module__}.{default.__qualname__}")
     cls = pydoc.locate(target) if isinstance(target, str) else target
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise ValueError(f"network _target_ {target!r} is not a torch.nn.Module class")
+    if cls is LabelwiseTCN and inputs == "features":
+        raise ValueError("LabelwiseTCN reads per-label probabilities; inputs='features' has none (use MultiStageTCN)")
     if cls is MultiStageTCN:
         # the probabilities come first in the inputs: refine them rather than predict from scratch
         kwargs.setdefault("residual", inputs != "features")
@@ -104,7 +109,8 @@ class TemporalRefiner(nn.Module):
     Args:
         inputs: ``"probs"``, ``"features"`` or ``"both"``.
         feature_dim: width ``D`` of the features (needed unless ``inputs="probs"``).
-        network: the refinement network: ``None`` (a :class:`MultiStageTCN` with its defaults), a mapping of
+        network: the refinement network: ``None`` (with its defaults, a :class:`LabelwiseTCN` when the
+            probabilities are among the inputs, else a :class:`MultiStageTCN`), a mapping of
             its arguments, optionally with a ``"_target_"`` import path of another ``nn.Module`` class (the
             input and output widths are filled in), or a built module mapping ``(B, C_in, T)`` inputs and an
             optional ``(B, 1, T)`` mask to ``(B, 17, T)`` or ``(S, B, 17, T)`` logits. A built module is saved
@@ -113,9 +119,12 @@ class TemporalRefiner(nn.Module):
         position: add :data:`POSITION_CHANNELS` inputs telling each frame where it lies in the video (a capsule
             meets the sections in order, so position is evidence; it also tells a video's true start from any
             other frame).
-        passthrough: labels whose input probabilities :meth:`refine` returns unchanged (for labels the decoder
-            already models better than a refiner trained on few videos can, e.g. the five sections, which the
-            decoder's Viterbi decoding places along the gut order); the refiner still reads them as inputs.
+        passthrough: labels whose input probabilities :meth:`refine` returns unchanged, for labels the decoder
+            already models better than a refiner trained on few videos can; the refiner still reads them as
+            inputs. ``None`` (default): the five sections when the probabilities are among the inputs (the
+            decoder's Viterbi places them along the gut order, and keeps the short mouth and esophagus runs at a
+            video's start that a refiner fitted frame by frame squashes: see BENCHMARKS.md, "Temporal refiner"),
+            none otherwise; ``()`` refines every label.
         chunk_size: frames per chunk of :meth:`refine` (``None`` or 0: whole videos at once).
 
     Example::
@@ -131,7 +140,7 @@ class TemporalRefiner(nn.Module):
         network: nn.Module | Mapping[str, Any] | None = None,
         prob_floor: float = 1e-4,
         position: bool = False,
-        passthrough: Sequence[str] = (),
+        passthrough: Sequence[str] | None = None,
         chunk_size: int | None = 65536,
     ) -> None:
         super().__init__()
@@ -145,6 +154,8 @@ class TemporalRefiner(nn.Module):
         self.prob_floor = float(prob_floor)
         self.position = bool(position)
         self.chunk_size = None if chunk_size is None else int(chunk_size)
+        if passthrough is None:
+            passthrough = SECTIONS if inputs != "features" else ()
         unknown = [n for n in passthrough if n not in LABELS]
         if unknown:
             raise ValueError(f"passthrough: unknown label(s) {unknown}; expected names from LABELS")

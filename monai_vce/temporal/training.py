@@ -229,18 +229,20 @@ def fit_refiner(
     refiner: TemporalRefiner | None = None,
     network: nn.Module | Mapping[str, Any] | None = None,
     position: bool = False,
-    passthrough: Sequence[str] = (),
-    crop_length: int = 2048,
+    passthrough: Sequence[str] | None = None,
+    crop_length: int = 1024,
     crop_context: int | None = None,
     crop_sampling: str = "labels",
     sampling_exponent: float = 0.5,
-    batch_size: int = 6,
-    steps: int = 200,
+    batch_size: int = 8,
+    steps: int = 480,
     learning_rate: float = 1e-2,
     weight_decay: float = 1e-4,
     warmup_fraction: float = 0.05,
     loss: Mapping[str, Any] | nn.Module | None = None,
     smoothness: float = 0.0,
+    boundary_weight: float = 8.0,
+    boundary_radius: int = 1,
     class_weight: Sequence[float] | None = None,
     val_videos: Sequence[Any] | Mapping[str, Any] | None = None,
     val_every: int = 50,
@@ -263,7 +265,8 @@ def fit_refiner(
         network: the network of the default refiner (see :class:`TemporalRefiner`).
         position: give the default refiner the frames' positions in the video as inputs (see
             :class:`TemporalRefiner`).
-        passthrough: labels the default refiner returns unchanged (see :class:`TemporalRefiner`).
+        passthrough: labels the default refiner returns unchanged (see :class:`TemporalRefiner`; ``None``: the
+            sections when the probabilities are among the inputs).
         crop_length: frames per training crop (the frames the loss scores).
         crop_context: real frames given to the network on each side of a crop, unscored (``None``: the network's
             ``context``, so that every scored frame sees exactly what whole-video inference shows it, and a crop's
@@ -285,6 +288,9 @@ def fit_refiner(
             works against, and on simulated Galar probabilities it did not help consistently (held-out
             mAP@0.5 with the sections passed through: 0.5619 with 0.15 against 0.5857 without at ``low`` noise,
             0.5316 against 0.5168 at ``medium``).
+        boundary_weight: extra weight of the loss near changes of a label's target (see
+            :class:`~monai_vce.temporal.losses.TemporalRefinementLoss`; 0 turns it off).
+        boundary_radius: frames on each side of a change that count as near it.
         class_weight: per-label weights of the classification loss, as for the frame model.
         val_videos: optional videos (same tuples) scored every ``val_every`` steps; the weights with the lowest
             validation loss are kept (otherwise the last ones).
@@ -337,7 +343,13 @@ def fit_refiner(
         mean, std = _input_statistics(refiner, train)
         refiner.set_input_statistics(mean, std)
         refiner.to(dev)
-        loss_fn = TemporalRefinementLoss(loss, smoothness=smoothness, class_weight=class_weight).to(dev)
+        loss_fn = TemporalRefinementLoss(
+            loss,
+            smoothness=smoothness,
+            class_weight=class_weight,
+            boundary_weight=boundary_weight,
+            boundary_radius=boundary_radius,
+        ).to(dev)
         history = _train(
             refiner, loss_fn, train, val, int(crop_length), context, crop_sampling,
             float(sampling_exponent), int(batch_size), int(steps), float(learning_rate),
@@ -358,6 +370,8 @@ def fit_refiner(
         "steps": int(steps),
         "learning_rate": float(learning_rate),
         "smoothness": float(smoothness),
+        "boundary_weight": float(boundary_weight),
+        "boundary_radius": int(boundary_radius),
         "seed": int(seed),
         "inputs_checked_out_of_fold": trained_on is not None,
         **history,
