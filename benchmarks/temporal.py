@@ -9,26 +9,30 @@ changes the split and the simulation draw), and two pipelines are scored on the 
 - ``decoder``: :func:`monai_vce.postprocessing.tune_decoder` fitted on the 40 fitting videos' probabilities;
 - ``refiner``: :func:`monai_vce.temporal.cross_fit_refiner` on the 40 fitting videos (``--folds`` folds: each
   fold's videos are refined by a refiner fitted on the other folds), ``tune_decoder`` fitted on those
-  out-of-fold refined probabilities (never on a refiner's own training videos), and the final refiner (fitted
-  on all 40) followed by that decoder on the held-out videos; the refiner's defaults, so the five sections'
-  probabilities are passed through unchanged (``passthrough``);
-- ``refiner, every label refined``: the same refiners with nothing passed through (``passthrough=()``), the
+  out-of-fold refined probabilities (never on a refiner's own training videos), and the fold refiners together
+  (:class:`~monai_vce.temporal.RefinerEnsemble`, the mean of their probabilities, the default ``final``)
+  followed by that decoder on the held-out videos; the refiner's defaults, so the five sections' probabilities
+  are passed through unchanged (``passthrough``);
+- ``refiner, refitted on all videos`` (with ``--refit``): the same, but the held-out videos are refined by one
+  more refiner fitted on all 40 videos (``final="refit"``) and decoded with the same decoder;
+- ``refiner, every label refined``: the fold ensemble with nothing passed through (``passthrough=()``), the
   decoder tuned on those out-of-fold probabilities (the refiners are fitted once: passing labels through changes
   only what :meth:`TemporalRefiner.refine` returns);
-- ``selected``: the pipeline :func:`monai_vce.temporal.select_pipeline` picks from the three by their decoders'
-  tuning objectives on the fitting videos (the decoder alone unless a refiner pipeline leads by more than the
+- ``selected``: the pipeline :func:`monai_vce.temporal.select_pipeline` picks from the decoder, ``refiner`` and
+  ``refiner, every label refined`` by their decoders' tuning objectives on the fitting videos (the decoder alone unless a refiner pipeline leads by more than the
   default margin, 0.01), scored on the held-out videos: what a user gets who lets the product decide.
 
 ``--ceiling`` scores what a perfect refiner of some labels could give at most: the held-out ground truth of
 those labels alone, composed into label-set events (all other labels left out, as a decoder that abstains).
 ``--fit-all`` instead fits one refiner on all 80 videos (``medium``) and reports its wall time and the peak
 memory of the process; ``--speed`` times :meth:`TemporalRefiner.refine` of one 130,000-frame video on one CPU
-thread.
+thread: one refiner and the ensemble of ``--folds`` of them.
 
 Usage (from the repository root)::
 
     python benchmarks/temporal.py                       # low, medium, high, shifted; 40 / 40 split
     python benchmarks/temporal.py --seed 1              # another split and simulation draw
+    python benchmarks/temporal.py --levels medium --refit   # also a refiner refitted on all 40 videos
     python benchmarks/temporal.py --levels medium --quick   # 16 videos, 2 folds, short fits: a smoke test
     python benchmarks/temporal.py --ceiling
     python benchmarks/temporal.py --fit-all
@@ -58,7 +62,7 @@ from monai_vce.postprocessing import (
     simulate_probabilities,
     tune_decoder,
 )
-from monai_vce.temporal import TemporalRefiner, cross_fit_refiner, fit_refiner, select_pipeline
+from monai_vce.temporal import RefinerEnsemble, TemporalRefiner, cross_fit_refiner, fit_refiner, select_pipeline
 
 GALAR = find_galar_events()  # MONAI_VCE_GALAR_EVENTS, else shared/data beside the checkout
 
@@ -133,25 +137,37 @@ def run_levels(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
         test_probs: dict[str, dict[str, np.ndarray]] = {"decoder": {k: sim[k][0] for k in test_ids}}
 
         t0 = time.perf_counter()
-        # fitted with nothing passed through; the default (sections passed through) is derived from the same fits
-        cross = cross_fit_refiner(fit, folds=args.folds, seed=args.seed, **{**fit_kwargs, "passthrough": ()})
+        # fitted with nothing passed through; the default (sections passed through) is derived from the same fits;
+        # a refit is one more fit, for its row only (the default refiner is the fold refiners' ensemble)
+        kwargs = {**fit_kwargs, "passthrough": ()}
+        cross = cross_fit_refiner(
+            fit, folds=args.folds, final="refit" if args.refit else None, seed=args.seed, **kwargs
+        )
         t_fit = time.perf_counter() - t0
-        assert cross.refiner is not None
-        refined_test = {k: cross.refiner.refine(sim[k][0]) for k in test_ids}
+        ensemble = RefinerEnsemble(cross.fold_refiners)
+        refined_test = {k: ensemble.refine(sim[k][0]) for k in test_ids}
         inputs["refiner"] = {k: (passthrough(cross.refined[k], sim[k][0]), *sim[k][1:]) for k in fit_ids}
         test_probs["refiner"] = {k: passthrough(refined_test[k], sim[k][0]) for k in test_ids}
+        if cross.refiner is not None:  # the same out-of-fold tuning inputs, hence the same decoder (tuned once)
+            inputs["refiner, refitted on all videos"] = inputs["refiner"]
+            test_probs["refiner, refitted on all videos"] = {
+                k: passthrough(cross.refiner.refine(sim[k][0]), sim[k][0]) for k in test_ids
+            }
         inputs["refiner, every label refined"] = cross.tuning_videos(fit)
         test_probs["refiner, every label refined"] = refined_test
 
         tuned, scores, seconds, labels = {}, {}, {}, {}
         for name in inputs:
             t0 = time.perf_counter()
-            tuned[name] = tune_decoder(inputs[name], rounds=args.rounds)
+            same = next((n for n in tuned if inputs[n] is inputs[name]), None)
+            tuned[name] = tuned[same] if same else tune_decoder(inputs[name], rounds=args.rounds)
             seconds[name] = time.perf_counter() - t0
             decoded = decode_videos({k: (test_probs[name][k], sim[k][1]) for k in test_ids}, EventDecoder(tuned[name]))
             scores[name] = _score(gt_test, decoded)
             labels[name] = _per_label(gt_test, decoded)
-        chosen = select_pipeline(tuned, baseline="decoder")
+        chosen = select_pipeline(
+            {n: tuned[n] for n in ("decoder", "refiner", "refiner, every label refined")}, baseline="decoder"
+        )
         for name in inputs:
             objective = tuned[name]["fit"]["objective"]
             rows.append((level, name, scores[name], scores["decoder"], objective, seconds[name], t_fit))
@@ -179,7 +195,8 @@ def run_levels(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
                 flush=True,
             )
         rows.append((level, f"selected ({chosen})", scores[chosen], scores["decoder"], None, 0.0, t_fit))
-        print(f"[{level}] refiner fits (cross-fitting + final): {t_fit:.0f} s; selected: {chosen}", flush=True)
+        fits = f"{args.folds} folds" + (" + refit" if args.refit else "")
+        print(f"[{level}] refiner fits ({fits}): {t_fit:.0f} s; selected: {chosen}", flush=True)
     print()
     print("| noise | pipeline | mAP@0.5 | gain | mAP@0.95 | gain | tuning objective | note |")
     print("|---|---|---|---|---|---|---|---|")
@@ -241,21 +258,32 @@ def run_fit_all(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
 
 def run_speed(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
     torch.set_num_threads(1)
-    refiner = TemporalRefiner(network=fit_kwargs.get("network"), position=fit_kwargs.get("position", False))
+
+    def build(seed: int) -> TemporalRefiner:
+        torch.manual_seed(seed)
+        return TemporalRefiner(network=fit_kwargs.get("network"), position=fit_kwargs.get("position", False))
+
+    single = build(0)
+    models = {
+        "one refiner": single,
+        f"ensemble of {args.folds}": RefinerEnsemble([single, *map(build, range(1, args.folds))]),
+    }
     probs = np.random.default_rng(0).random((130_000, 17)).astype(np.float32)
     before = _peak_rss_mib()
-    for chunk in (refiner.chunk_size, 0):
-        refiner.refine(probs[:5000], chunk_size=chunk)
-        times = []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            refiner.refine(probs, chunk_size=chunk)
-            times.append(time.perf_counter() - t0)
-        print(
-            f"refine 130,000 frames, 1 thread, chunk_size {chunk or 'whole video'}: median {np.median(times):.2f} s, "
-            f"min {min(times):.2f} s over {args.repeats} runs; peak resident memory {_peak_rss_mib():.0f} MiB "
-            f"(before refining {before:.0f} MiB)"
-        )
+    for name, model in models.items():
+        for chunk in (single.chunk_size, 0):
+            model.refine(probs[:5000], chunk_size=chunk)
+            times = []
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                model.refine(probs, chunk_size=chunk)
+                times.append(time.perf_counter() - t0)
+            print(
+                f"{name}: refine 130,000 frames, 1 thread, chunk_size {chunk or 'whole video'}: median "
+                f"{np.median(times):.2f} s, min {min(times):.2f} s over {args.repeats} runs; peak resident memory "
+                f"{_peak_rss_mib():.0f} MiB (before refining {before:.0f} MiB)",
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -263,7 +291,8 @@ def main() -> None:
     parser.add_argument("--gt", default=GALAR, required=GALAR is None, help="ground-truth event JSON (index units)")
     parser.add_argument("--levels", nargs="+", default=list(LEVELS), choices=list(LEVELS), help="noise levels")
     parser.add_argument("--fit-videos", type=int, default=40, help="videos for fitting; the rest are held out")
-    parser.add_argument("--folds", type=int, default=2, help="cross-fitting folds over the fitting videos")
+    parser.add_argument("--folds", type=int, default=3, help="cross-fitting folds over the fitting videos")
+    parser.add_argument("--refit", action="store_true", help="also score a refiner refitted on all fitting videos")
     parser.add_argument("--rounds", type=int, default=2, help="coordinate-ascent rounds of the decoder tuning")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--settings", default="{}", help="JSON of fit_refiner arguments overriding the defaults")

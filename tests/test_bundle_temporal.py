@@ -19,7 +19,14 @@ from bundle_helpers import CONFIGS, DEMO, INFERENCE, TRAIN, config_list, inferen
 
 from monai_vce.events.probabilities import VideoArrays, load_video_probs, probability_file, save_video_probs
 from monai_vce.labels import NUM_LABELS
-from monai_vce.temporal import LeakageError, TemporalRefiner, fit_temporal_stage, refiner_fingerprint
+from monai_vce.temporal import (
+    LeakageError,
+    RefinerEnsemble,
+    TemporalRefiner,
+    fit_temporal_stage,
+    load_refiner,
+    refiner_fingerprint,
+)
 
 TEMPORAL_TRAIN = str(CONFIGS / "temporal_train.json")
 TEMPORAL_INFERENCE = str(CONFIGS / "temporal_inference.json")
@@ -74,10 +81,14 @@ def test_training_fits_the_refiner_and_its_decoder_without_leakage(temporal_run)
     from monai_vce.postprocessing import DecoderParams
 
     models, temporal = temporal_run["models"], temporal_run["out"] / "eval" / "temporal"
-    refiner = TemporalRefiner.load(models / "refiner.pt")
-    assert refiner.inputs == "both" and refiner.position and refiner.feature_dim == 32  # the swapped component
-    assert refiner.get_config()["network"]["stages"] == 1
+    refiner = load_refiner(models / "refiner.pt")
+    # the fold refiners together (temporal_final "ensemble"), each the swapped component
+    assert isinstance(refiner, RefinerEnsemble) and len(refiner.members) == 2
+    for member in refiner.members:
+        assert member.inputs == "both" and member.position and member.feature_dim == 32
+        assert member.get_config()["network"]["stages"] == 1
     stage = refiner.fit_info["stage"]
+    assert stage["final"] == "ensemble" and sorted(refiner.fit_info["folds"]) == ["0", "1"]
     summary = json.loads((temporal / "temporal_fit.json").read_text())
     val_ids, train_ids = summary["videos"], stage["frame_model_training_videos"]
     assert len(val_ids) == 2 and len(train_ids) == 2 and not set(val_ids) & set(train_ids)
@@ -99,7 +110,7 @@ def test_inference_applies_frame_model_refiner_and_decoder(temporal_run, mini_ga
     from monai_vce.postprocessing import EventDecoder
 
     models, infer = temporal_run["models"], temporal_run["infer"]
-    refiner = TemporalRefiner.load(models / "refiner.pt")
+    refiner = load_refiner(models / "refiner.pt")
     decoder = EventDecoder(models / "temporal_decoder.json")
     events = {v["video_id"]: v["events"] for v in load_events(infer / "temporal_events.json")["videos"]}
     assert sorted(events) == sorted(p.stem for p in (mini_galar / "labels").glob("*.csv"))
@@ -120,9 +131,9 @@ def test_rerun_with_another_refiner_recomputes_every_refined_file(temporal_run, 
     import torch
 
     models, infer = temporal_run["models"], temporal_run["infer"]
-    other = TemporalRefiner.load(models / "refiner.pt")
+    other = load_refiner(models / "refiner.pt")
     with torch.no_grad():
-        for p in other.network.parameters():
+        for p in other.parameters():
             p.add_(0.1)
     other_file = other.save(tmp_path / "other_refiner.pt")
     frame_files = {p.name: p.stat().st_mtime_ns for p in (infer / "probs").glob("*.npz")}
@@ -223,9 +234,26 @@ def test_refiner_component_of_the_config_and_a_swapped_network_class(tmp_path):
         fit_kwargs=fit,
         decoder_tuning={"rounds": 1, "anatomy": False},
     )
-    saved = TemporalRefiner.load(tmp_path / "refiner.pt")
-    assert saved.get_config()["network"]["stages"] == 2 and saved.get_config()["network"]["channels"] == 4
+    saved = load_refiner(tmp_path / "refiner.pt")
+    assert isinstance(saved, RefinerEnsemble) and len(saved.members) == 3  # the fold refiners, no refit
+    for member in saved.members:
+        assert member.get_config()["network"]["stages"] == 2 and member.get_config()["network"]["channels"] == 4
     assert summary["folds"] == 3 and summary["objective"].keys() == {"temporal"}
+    # one more fit on all the videos instead: a single refiner
+    fit_temporal_stage(
+        tmp_path / "probs",
+        gt,
+        tmp_path / "refit.pt",
+        tmp_path / "refit.json",
+        trained_on=["t1", "t2"],
+        refiner=parser.get_parsed_content("temporal_fit#refiner"),
+        folds=3,
+        final="refit",
+        fit_kwargs=fit,
+        decoder_tuning={"rounds": 1, "anatomy": False},
+    )
+    refit = TemporalRefiner.load(tmp_path / "refit.pt")
+    assert sorted(refit.trained_videos) == ids and refit.fit_info["stage"]["final"] == "refit"
     with pytest.raises(LeakageError, match="v2"):
         fit_temporal_stage(
             tmp_path / "probs", gt, tmp_path / "r.pt", tmp_path / "d.json", trained_on=["v2"], fit_kwargs=fit

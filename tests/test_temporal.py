@@ -14,6 +14,7 @@ from monai_vce.temporal import (
     LabelwiseTCN,
     LeakageError,
     MultiStageTCN,
+    RefinerEnsemble,
     TemporalRefinementLoss,
     TemporalRefiner,
     change_point_states,
@@ -22,6 +23,7 @@ from monai_vce.temporal import (
     fit_refiner,
     fold_provenance,
     kfold_videos,
+    load_refiner,
     select_pipeline,
 )
 
@@ -256,11 +258,65 @@ def test_cross_fit_never_refines_own_training_videos():
         assert set(refiner.trained_videos) == set(videos) - held
         for v in held:  # each video's refined probabilities come from its fold's refiner
             np.testing.assert_array_equal(result.refined[v], refiner.refine(videos[v][0]))
-    assert result.refiner is not None and set(result.refiner.trained_videos) == set(videos)
+    # the default refiner for new videos: the fold refiners together, their mean probabilities
+    assert isinstance(result.refiner, RefinerEnsemble) and list(result.refiner.members) == result.fold_refiners
+    assert set(result.refiner.trained_videos) == set(videos)
+    probs = _probs(400, seed=5)
+    mean = np.mean([r.refine(probs) for r in result.fold_refiners], axis=0)
+    np.testing.assert_allclose(result.refiner.refine(probs), mean, atol=1e-6)
     tuning = result.tuning_videos(videos)
     assert tuning["v0"][0] is result.refined["v0"] and tuning["v0"][2] is videos["v0"][2]
+    refit = cross_fit_refiner(videos, folds=3, final="refit", network=TINY, steps=2, crop_length=128, batch_size=2)
+    assert isinstance(refit.refiner, TemporalRefiner) and set(refit.refiner.trained_videos) == set(videos)
+    for a, b in zip(refit.fold_refiners, result.fold_refiners, strict=True):  # the folds do not depend on `final`
+        np.testing.assert_array_equal(a.refine(probs), b.refine(probs))
+    assert cross_fit_refiner(videos, folds=2, final=None, network=TINY, steps=1, crop_length=128).refiner is None
+    with pytest.raises(ValueError, match="final must be one of"):
+        cross_fit_refiner(videos, folds=2, final="last", network=TINY, steps=1)
     with pytest.raises(LeakageError):
         cross_fit_refiner(videos, folds=3, trained_on=list(videos), network=TINY, steps=1)
+
+
+def test_refiner_ensemble_files_and_checks(tmp_path):
+    rng = np.random.default_rng(0)
+    videos = {f"v{i}": _section_video(300, rng)[:3] for i in range(4)}
+    members = [
+        _scramble(fit_refiner(videos, network=TINY_LW, steps=1, crop_length=128, seed=s), seed=s) for s in (0, 1)
+    ]
+    ensemble = RefinerEnsemble(members)
+    probs = _probs(700, seed=2)
+    out = ensemble.refine(probs, chunk_size=100)  # chunked like its members: equal to whole-video inference
+    np.testing.assert_allclose(out, ensemble.refine(probs, chunk_size=0), atol=1e-5)
+    np.testing.assert_allclose(out, (members[0].refine(probs) + members[1].refine(probs)) / 2, atol=1e-6)
+    sections = [LABELS.index(n) for n in SECTIONS]  # passed through exactly, not as a mean
+    np.testing.assert_array_equal(out[:, sections], probs[:, sections])
+    assert not np.allclose(out, members[0].refine(probs), atol=1e-3)
+    assert ensemble.context == members[0].context and ensemble.inputs == "probs"
+    # one weights_only-safe file; load_refiner reads either kind, TemporalRefiner.load says what it is
+    ensemble.fit_info = {"members": 2, "stage": {"folds": 2}}
+    path = ensemble.save(tmp_path / "ensemble.pt")
+    loaded = load_refiner(path)
+    assert isinstance(loaded, RefinerEnsemble) and len(loaded.members) == 2 and loaded.fit_info == ensemble.fit_info
+    np.testing.assert_array_equal(loaded.refine(probs, chunk_size=100), out)
+    assert isinstance(load_refiner(members[0].save(tmp_path / "one.pt")), TemporalRefiner)
+    with pytest.raises(ValueError, match=r"ensemble\.pt is a refiner ensemble"):
+        TemporalRefiner.load(path)
+    with pytest.raises(ValueError, match=r"one\.pt is not a refiner ensemble"):
+        RefinerEnsemble.load(tmp_path / "one.pt")
+    payload = torch.load(path, weights_only=True)
+    payload["members"][1]["state_dict"].popitem()
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    (tmp_path / "damaged.pt").write_bytes(buf.getvalue())
+    with pytest.raises(ValueError, match=r"damaged\.pt, member 1"):
+        load_refiner(tmp_path / "damaged.pt")
+    # members must read and return the same
+    with pytest.raises(ValueError, match="at least one"):
+        RefinerEnsemble([])
+    with pytest.raises(ValueError, match="passthrough"):
+        RefinerEnsemble([members[0], TemporalRefiner(network=TINY_LW, passthrough=())])
+    with pytest.raises(ValueError, match="not a TemporalRefiner"):
+        RefinerEnsemble([members[0], torch.nn.Linear(2, 2)])  # type: ignore[list-item]
 
 
 def test_refiner_learns_section_order():

@@ -97,8 +97,9 @@ class TemporalEventWriter:
             files, captured from the same forward pass (:class:`~monai_vce.handlers.FrameFeatureCapture`).
         feature_module: the network's submodule whose input is that feature (see
             :class:`~monai_vce.handlers.FrameFeatureCapture`).
-        refiner: a temporal refiner (:class:`monai_vce.temporal.TemporalRefiner`) applied to every video before
-            decoding; ``None`` decodes the frame model's probabilities. Its inputs must be available: a refiner
+        refiner: a temporal refiner (:class:`monai_vce.temporal.TemporalRefiner`, or a
+            :class:`~monai_vce.temporal.RefinerEnsemble`) applied to every video before decoding; ``None`` decodes
+            the frame model's probabilities. Its inputs must be available: a refiner
             of features needs ``features=True`` and features of its width.
         refined_dir: folder of the refined ``<video_id>.npz`` files (needed with ``refiner``; not ``output_dir``).
             The events, the report and a resumed run use these files.

@@ -13,7 +13,7 @@ outputs (honest: the frame model never trained on them)::
     from monai_vce.temporal import cross_fit_refiner, select_pipeline
 
     # val = {video_id: (probs, frame_ids, gt_events)}; train_ids = the frame model's training videos
-    fit = cross_fit_refiner(val, folds=2, trained_on=train_ids)  # out-of-fold refined probs + final refiner
+    fit = cross_fit_refiner(val, folds=2, trained_on=train_ids)  # out-of-fold refined probs + fold ensemble
     plain = tune_decoder(val)                                     # the decoder on the frame outputs alone
     temporal = tune_decoder(fit.tuning_videos(val))               # the decoder on out-of-fold refined probs
     if select_pipeline({"frame": plain, "temporal": temporal}, baseline="frame") == "temporal":
@@ -36,6 +36,7 @@ from .networks import (
     network_context,
 )
 from .protocol import (
+    FINAL_REFINERS,
     CrossFitResult,
     LeakageError,
     check_no_leakage,
@@ -44,13 +45,25 @@ from .protocol import (
     kfold_videos,
     select_pipeline,
 )
-from .refiner import INPUTS, POSITION_CHANNELS, TemporalRefiner, input_channels, position_channels
+from .refiner import (
+    ENSEMBLE_FORMAT,
+    INPUTS,
+    POSITION_CHANNELS,
+    RefinerEnsemble,
+    TemporalRefiner,
+    input_channels,
+    load_refiner_file,
+    position_channels,
+)
 from .stage import fit_temporal_stage, load_refiner, refiner_fingerprint, refiner_inputs
 from .training import CROP_SAMPLING, CropSampler, fit_refiner, prepare_videos, refiner_loss
 
 __all__ = [
     "INPUTS",
     "TemporalRefiner",
+    "RefinerEnsemble",
+    "ENSEMBLE_FORMAT",
+    "load_refiner_file",
     "input_channels",
     "POSITION_CHANNELS",
     "position_channels",
@@ -73,6 +86,7 @@ __all__ = [
     "kfold_videos",
     "fold_provenance",
     "CrossFitResult",
+    "FINAL_REFINERS",
     "cross_fit_refiner",
     "select_pipeline",
     "fit_temporal_stage",

@@ -29,7 +29,7 @@ from monai_vce.utils import read_json_file
 
 from .files import read_videos, refine_folder
 from .protocol import LeakageError
-from .refiner import INPUTS, TemporalRefiner
+from .refiner import INPUTS, TemporalRefiner, load_refiner_file
 from .training import fit_refiner
 
 __all__ = ["main"]
@@ -148,7 +148,7 @@ def _refine(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    refiner = TemporalRefiner.load(args.model)
+    refiner = load_refiner_file(args.model)
     result = refine_folder(
         refiner,
         args.probs,

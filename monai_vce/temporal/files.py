@@ -26,7 +26,7 @@ from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.events.validation import load_events
 from monai_vce.utils import renamed_arguments
 
-from .refiner import TemporalRefiner
+from .refiner import RefinerEnsemble, TemporalRefiner
 
 __all__ = ["video_files", "read_videos", "refine_folder"]
 
@@ -121,7 +121,7 @@ def _refined_from(target: Path, video: VideoArrays, source: str) -> bool:
 
 
 def refine_folder(
-    refiner: TemporalRefiner,
+    refiner: TemporalRefiner | RefinerEnsemble,
     probs_dir: PathLike,
     out_dir: PathLike,
     source: str = "",
@@ -135,7 +135,7 @@ def refine_folder(
     atomically) and is kept, so an interrupted run resumes where it stopped.
 
     Args:
-        refiner: the refiner.
+        refiner: the refiner (or a :class:`RefinerEnsemble`).
         probs_dir: folder of the frame model's ``<video_id>.npz`` files.
         out_dir: output folder (created when missing; may not be ``probs_dir``).
         source: recorded as each output's ``source`` (e.g. :meth:`TemporalRefiner.fingerprint` of the model file).

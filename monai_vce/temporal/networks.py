@@ -51,7 +51,29 @@ __all__ = [
     "LabelwiseTCN",
     "change_point_states",
     "network_context",
+    "as_rows",
+    "conv_rows",
 ]
+
+
+def as_rows(x: torch.Tensor) -> torch.Tensor:
+    """``(N, C, T)`` sequences as ``(N, C, 1, T)`` channels-last images: the layout the TCN layers compute in.
+
+    With the few channels of these networks (8-64) and sequences of 10^5 frames, PyTorch's CPU convolutions
+    run about twice as fast, forward and backward, on channels-last 2-d inputs as on ``(N, C, T)`` 1-d ones;
+    the weights stay those of the ``nn.Conv1d`` modules (:func:`conv_rows`)."""
+    return x.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+
+
+def conv_rows(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+    """Apply a ``nn.Conv1d`` (stride 1, symmetric padding) to :func:`as_rows` inputs, returning the same layout."""
+    return F.conv2d(
+        x,
+        conv.weight.unsqueeze(2),
+        conv.bias,
+        padding=(0, int(conv.padding[0])),  # type: ignore[index]
+        dilation=(1, int(conv.dilation[0])),
+    )
 
 
 class DilatedResidualLayer(nn.Module):
@@ -75,8 +97,14 @@ class DilatedResidualLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        out = self.dropout(self.conv_1x1(F.relu(self.conv_dilated(x))))
-        out = x + out
+        """
+        Args:
+            x: ``(N, C, T)`` features, or ``(N, C, 1, T)`` in the layout of :func:`as_rows` (kept in the output).
+            mask: optional 0/1 mask of real frames, ``(N, 1, T)`` (or ``(N, 1, 1, T)`` with rows).
+        """
+        if x.dim() == 3:
+            return self(as_rows(x), None if mask is None else mask.unsqueeze(2)).squeeze(2)
+        out = x + self.dropout(conv_rows(self.conv_1x1, F.relu(conv_rows(self.conv_dilated, x))))
         return out if mask is None else out * mask
 
 
@@ -110,12 +138,21 @@ class SingleStageTCN(nn.Module):
         self.context = (kernel_size - 1) // 2 * (2**layers - 1)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        out = self.conv_in(x)
-        if mask is not None:
-            out = out * mask
+        """
+        Args:
+            x: ``(N, in_channels, T)`` inputs.
+            mask: optional ``(N, 1, T)`` 0/1 mask of real frames.
+
+        Returns:
+            ``(N, out_channels, T)`` outputs.
+        """
+        rows_mask = None if mask is None else mask.unsqueeze(2)
+        out = conv_rows(self.conv_in, as_rows(x))
+        if rows_mask is not None:
+            out = out * rows_mask
         for layer in self.layers:
-            out = layer(out, mask)
-        out = self.conv_out(out)
+            out = layer(out, rows_mask)
+        out = conv_rows(self.conv_out, out).squeeze(2)
         return out if mask is None else out * mask
 
 

@@ -18,9 +18,11 @@ Two honest protocols, with their trade-off:
   model is trained once on the training videos; its outputs on the validation videos are honest. The
   validation videos are split into ``k`` folds; for each fold a refiner is fitted on the other folds and
   refines the fold, giving out-of-fold refined probabilities of every validation video, on which the decoder
-  is tuned. A final refiner is fitted on all validation videos for inference. Cost: ``k + 1`` refiner fits
-  (minutes each on a CPU), no extra frame-model training. Limitation: the refiner learns from the validation
-  videos only (16 of Galar's 80 at the default 20 % split).
+  is tuned. For inference, the ``k`` fold refiners are applied together (:class:`RefinerEnsemble`, the mean of
+  their probabilities: the refiners whose outputs the decoder was tuned on), or a final refiner is refitted on
+  all validation videos (``final="refit"``). Cost: ``k`` refiner fits (``k + 1`` with a refit; minutes each on
+  a CPU) and ``k`` refinements of every new video (one with a refit), no extra frame-model training.
+  Limitation: the refiner learns from the validation videos only (16 of Galar's 80 at the default 20 % split).
 - **Out-of-fold frame outputs** (:func:`kfold_videos`, :func:`fold_provenance`): the training videos are split
   into ``k`` folds and the frame model is retrained ``k`` times, each time without one fold, to produce that
   fold's outputs. The refiner then learns from every training video's honest outputs (``trained_on`` =
@@ -49,7 +51,11 @@ import numpy as np
 from monai_vce.postprocessing.gating import video_folds
 
 if TYPE_CHECKING:
-    from .refiner import TemporalRefiner
+    from .refiner import RefinerEnsemble, TemporalRefiner
+
+#: What :func:`cross_fit_refiner` returns as the refiner for new videos: ``"ensemble"``, the fold refiners
+#: together; ``"refit"``, one more refiner fitted on all videos.
+FINAL_REFINERS: tuple[str, ...] = ("ensemble", "refit")
 
 __all__ = [
     "LeakageError",
@@ -57,6 +63,7 @@ __all__ = [
     "kfold_videos",
     "fold_provenance",
     "CrossFitResult",
+    "FINAL_REFINERS",
     "cross_fit_refiner",
     "select_pipeline",
 ]
@@ -136,7 +143,8 @@ class CrossFitResult:
 
     Attributes:
         refined: out-of-fold refined probabilities ``(T, 17)`` per video id (each from a refiner not fitted on it).
-        refiner: the final refiner fitted on all videos (``None`` when ``final=False``).
+        refiner: the refiner for new videos: the fold refiners' :class:`RefinerEnsemble` (``final="ensemble"``),
+            a refiner fitted on all videos (``final="refit"``) or ``None`` (``final=None``).
         fold_refiners: the refiner of each fold, in fold order.
         folds: the fold of each video id.
     """
@@ -144,7 +152,7 @@ class CrossFitResult:
     def __init__(
         self,
         refined: dict[str, np.ndarray],
-        refiner: TemporalRefiner | None,
+        refiner: TemporalRefiner | RefinerEnsemble | None,
         fold_refiners: list[TemporalRefiner],
         folds: dict[str, int],
     ) -> None:
@@ -163,13 +171,13 @@ def cross_fit_refiner(
     videos: Mapping[str, Sequence[Any]],
     inputs: str = "probs",
     folds: int | Mapping[str, int] = 5,
-    final: bool = True,
+    final: str | None = "ensemble",
     trained_on: Mapping[str, Collection[str]] | Collection[str] | None = None,
     seed: int = 0,
     log: Any = None,
     **fit_kwargs: Any,
 ) -> CrossFitResult:
-    """Out-of-fold refined probabilities of every video, and optionally a final refiner fitted on all of them.
+    """Out-of-fold refined probabilities of every video, and a refiner for new videos.
 
     For each fold, a refiner is fitted (:func:`~monai_vce.temporal.fit_refiner`) on the videos of the other
     folds and refines the videos of the fold; the guard checks that no video is refined by a refiner fitted on
@@ -181,7 +189,10 @@ def cross_fit_refiner(
             docstring).
         inputs: the refiner's inputs (``"probs"``, ``"features"``, ``"both"``).
         folds: number of folds (a seeded assignment of whole videos) or the fold of each video id.
-        final: also fit the final refiner on all videos (one more fit).
+        final: the refiner for new videos (:data:`FINAL_REFINERS`): ``"ensemble"`` (default), the fold refiners
+            together (:class:`~monai_vce.temporal.RefinerEnsemble`: the decoder tuned on their out-of-fold
+            outputs fits their mean best, and no fit is added); ``"refit"``, one more fit on all videos (one
+            refinement per new video instead of one per fold); ``None``, none.
         trained_on: provenance of the inputs for the guard (see :func:`check_no_leakage`); checked when given.
         seed: seed of the fold assignment and of each fit (fold ``f`` uses ``seed + f``).
         log: optional callable receiving progress lines.
@@ -196,8 +207,11 @@ def cross_fit_refiner(
     Raises:
         LeakageError: the inputs' provenance shows leakage, or a fold would refine its own training videos.
     """
+    from .refiner import RefinerEnsemble
     from .training import fit_refiner
 
+    if final is not None and final not in FINAL_REFINERS:
+        raise ValueError(f"final must be one of {FINAL_REFINERS} or None, got {final!r}")
     template = fit_kwargs.pop("refiner", None)
 
     def fresh() -> Any:
@@ -232,8 +246,14 @@ def cross_fit_refiner(
             item = videos[v]
             refined[v] = refiner.refine(item[0], item[3] if len(item) > 3 else None)
         fold_refiners.append(refiner)
-    final_refiner = None
-    if final:
+    final_refiner: TemporalRefiner | RefinerEnsemble | None = None
+    if final == "ensemble":
+        final_refiner = RefinerEnsemble(fold_refiners)
+        final_refiner.fit_info = {
+            "members": len(fold_refiners),
+            "folds": {str(f): [v for v in ids if assignment[v] == f] for f in fold_ids},
+        }
+    elif final == "refit":
         if log:
             log(f"final refiner: fitting on all {len(ids)} videos")
         final_refiner = fit_refiner(

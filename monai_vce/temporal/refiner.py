@@ -41,7 +41,17 @@ from monai_vce.utils import atomic_write_bytes
 from .losses import as_stages
 from .networks import LabelwiseTCN, MultiStageTCN, network_context
 
-__all__ = ["INPUTS", "POSITION_CHANNELS", "FILE_FORMAT", "TemporalRefiner", "input_channels", "position_channels"]
+__all__ = [
+    "INPUTS",
+    "POSITION_CHANNELS",
+    "FILE_FORMAT",
+    "ENSEMBLE_FORMAT",
+    "TemporalRefiner",
+    "RefinerEnsemble",
+    "load_refiner_file",
+    "input_channels",
+    "position_channels",
+]
 
 #: The input kinds of a refiner.
 INPUTS: tuple[str, ...] = ("probs", "features", "both")
@@ -49,6 +59,8 @@ INPUTS: tuple[str, ...] = ("probs", "features", "both")
 POSITION_CHANNELS = 3
 #: The ``format`` entry of a saved refiner.
 FILE_FORMAT = "monai_vce.temporal_refiner"
+#: The ``format`` entry of a saved :class:`RefinerEnsemble`.
+ENSEMBLE_FORMAT = "monai_vce.temporal_refiner_ensemble"
 _FILE_VERSION = 1
 
 PathLike = str | os.PathLike
@@ -360,19 +372,47 @@ class TemporalRefiner(nn.Module):
             "labels": list(LABELS),
         }
 
-    def save(self, path: PathLike) -> Path:
-        """Write the refiner (configuration as JSON text, fit record, weights) to ``path`` atomically."""
-        config = self.get_config()
-        payload = {
+    def payload(self) -> dict[str, Any]:
+        """The refiner file's content: configuration as JSON text, fit record, weights (see :meth:`save`)."""
+        return {
             "format": FILE_FORMAT,
             "version": _FILE_VERSION,
-            "config": json.dumps(config),
+            "config": json.dumps(self.get_config()),
             "fit": json.dumps(self.fit_info),
             "state_dict": {k: v.detach().cpu() for k, v in self.state_dict().items()},
         }
-        buf = io.BytesIO()
-        torch.save(payload, buf)
-        return atomic_write_bytes(path, buf.getvalue())
+
+    def save(self, path: PathLike) -> Path:
+        """Write the refiner (configuration as JSON text, fit record, weights) to ``path`` atomically."""
+        return _save_payload(path, self.payload())
+
+    @classmethod
+    def from_payload(cls, payload: Any, where: str, map_location: str | torch.device = "cpu") -> TemporalRefiner:
+        """Rebuild a refiner from :meth:`payload` (as read back by ``torch.load(weights_only=True)``).
+
+        Raises:
+            ValueError: not a refiner's content, or weights that do not match its configuration (naming ``where``).
+        """
+        if not isinstance(payload, dict) or payload.get("format") != FILE_FORMAT:
+            if isinstance(payload, dict) and payload.get("format") == ENSEMBLE_FORMAT:
+                raise ValueError(
+                    f"{where} is a refiner ensemble; read it with monai_vce.temporal.load_refiner or "
+                    "RefinerEnsemble.load"
+                )
+            raise ValueError(f"{where} is not a temporal refiner (no format {FILE_FORMAT!r})")
+        if int(payload.get("version", 0)) > _FILE_VERSION:
+            raise ValueError(f"{where} has version {payload['version']}; this code reads {_FILE_VERSION}")
+        try:
+            config = json.loads(payload["config"])
+            fit_info = json.loads(payload.get("fit", "{}"))
+            if list(config.pop("labels", LABELS)) != list(LABELS):
+                raise ValueError("its labels differ from the 17 LABELS")
+            refiner = cls(**config)
+            refiner.load_state_dict(payload["state_dict"], strict=True)
+        except Exception as e:
+            raise ValueError(f"{where}: {str(e).splitlines()[0]}") from None
+        refiner.fit_info = fit_info
+        return refiner.to(map_location)
 
     @classmethod
     def load(cls, path: PathLike, map_location: str | torch.device = "cpu") -> TemporalRefiner:
@@ -383,29 +423,183 @@ class TemporalRefiner(nn.Module):
             ValueError: the file is not a refiner file or does not match its configuration (one line naming it).
         """
         path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"refiner file {path} not found")
-        try:
-            payload = torch.load(path, map_location=map_location, weights_only=True)
-        except Exception as e:  # damaged file, or pickled objects beyond tensors and plain data
-            raise ValueError(f"refiner file {path} is unreadable: {str(e).splitlines()[0]}") from None
-        if not isinstance(payload, dict) or payload.get("format") != FILE_FORMAT:
-            raise ValueError(f"refiner file {path} is not a temporal refiner (no format {FILE_FORMAT!r})")
-        if int(payload.get("version", 0)) > _FILE_VERSION:
-            raise ValueError(f"refiner file {path} has version {payload['version']}; this code reads {_FILE_VERSION}")
-        try:
-            config = json.loads(payload["config"])
-            fit_info = json.loads(payload.get("fit", "{}"))
-            if list(config.pop("labels", LABELS)) != list(LABELS):
-                raise ValueError("its labels differ from the 17 LABELS")
-            refiner = cls(**config)
-            refiner.load_state_dict(payload["state_dict"], strict=True)
-        except Exception as e:
-            raise ValueError(f"refiner file {path}: {str(e).splitlines()[0]}") from None
-        refiner.fit_info = fit_info
-        return refiner.to(map_location)
+        return cls.from_payload(_load_payload(path, map_location), f"refiner file {path}", map_location)
 
     @staticmethod
     def fingerprint(path: PathLike) -> str:
         """A short content hash of a refiner file, recorded as the ``source`` of the probability files it refines."""
         return "refiner:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def _save_payload(path: PathLike, payload: dict[str, Any]) -> Path:
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def _load_payload(path: Path, map_location: str | torch.device = "cpu") -> Any:
+    if not path.is_file():
+        raise FileNotFoundError(f"refiner file {path} not found")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # damaged file, or pickled objects beyond tensors and plain data
+        raise ValueError(f"refiner file {path} is unreadable: {str(e).splitlines()[0]}") from None
+
+
+class RefinerEnsemble(nn.Module):
+    """The mean of several refiners' refined probabilities; by default the fold refiners of cross-fitting.
+
+    Cross-fitting (:func:`~monai_vce.temporal.cross_fit_refiner`) tunes the decoder on out-of-fold probabilities,
+    each from a refiner fitted on the other folds. Applying the mean of those same fold refiners to a new video
+    gives it probabilities of the kind the decoder was tuned on, with less variance than any one of them,
+    where a final refiner refitted on all videos gives outputs the decoder never saw (it is more confident, so
+    the tuned thresholds no longer sit where they should); and it needs no extra fit. Its price is inference:
+    one refinement per member (see BENCHMARKS.md, "Temporal refiner").
+
+    It has the interface of :class:`TemporalRefiner` that the product uses (:meth:`refine`, ``inputs``,
+    ``feature_dim``, ``passthrough``, ``trained_videos``, ``fit_info``, :meth:`save` / :meth:`load`), so it
+    goes wherever a refiner goes (``monai_vce.temporal.load_refiner`` reads either file).
+
+    Args:
+        refiners: the members: :class:`TemporalRefiner` instances with the same ``inputs``, ``feature_dim`` and
+            ``passthrough``.
+
+    Example::
+
+        fit = cross_fit_refiner(videos, folds=5)       # fit.refiner is the fold refiners' ensemble
+        fit.refiner.save("refiner.pt")
+        refined = load_refiner("refiner.pt").refine(probs)
+    """
+
+    def __init__(self, refiners: Sequence[TemporalRefiner]) -> None:
+        super().__init__()
+        members = list(refiners)
+        if not members:
+            raise ValueError("a refiner ensemble needs at least one refiner")
+        for i, r in enumerate(members):
+            if not isinstance(r, TemporalRefiner):
+                raise ValueError(f"refiner ensemble member {i} is a {type(r).__name__}, not a TemporalRefiner")
+            for attr in ("inputs", "feature_dim", "passthrough"):
+                if getattr(r, attr) != getattr(members[0], attr):
+                    raise ValueError(
+                        f"refiner ensemble member {i} has {attr}={getattr(r, attr)!r}, member 0 "
+                        f"{getattr(members[0], attr)!r}; members must read and return the same"
+                    )
+        self.members = nn.ModuleList(members)
+        #: what the ensemble was built from (e.g. the cross-fitting folds); saved with it
+        self.fit_info: dict[str, Any] = {"members": len(members)}
+
+    def _member(self, i: int) -> TemporalRefiner:
+        member = self.members[i]
+        assert isinstance(member, TemporalRefiner)
+        return member
+
+    @property
+    def inputs(self) -> str:
+        return self._member(0).inputs
+
+    @property
+    def feature_dim(self) -> int:
+        return self._member(0).feature_dim
+
+    @property
+    def passthrough(self) -> list[str]:
+        return list(self._member(0).passthrough)
+
+    @property
+    def context(self) -> int | None:
+        """The largest context of the members (``None`` when one does not declare it)."""
+        contexts = [self._member(i).context for i in range(len(self.members))]
+        return None if any(c is None for c in contexts) else max(int(c) for c in contexts)  # type: ignore[arg-type]
+
+    @property
+    def trained_videos(self) -> list[str]:
+        """Ids of the videos any member was fitted on."""
+        seen: dict[str, None] = {}
+        for i in range(len(self.members)):
+            seen.update(dict.fromkeys(self._member(i).trained_videos))
+        return list(seen)
+
+    def check_inputs(
+        self, probs: np.ndarray | None, features: np.ndarray | None = None, where: str = "video"
+    ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Validate one video's inputs (:meth:`TemporalRefiner.check_inputs`)."""
+        return self._member(0).check_inputs(probs, features, where)
+
+    def refine(
+        self, probs: np.ndarray | None, features: np.ndarray | None = None, chunk_size: int | None = None
+    ) -> np.ndarray:
+        """The members' mean refined probabilities of one whole video (:meth:`TemporalRefiner.refine`)."""
+        probs, features = self.check_inputs(probs, features)
+        total = self._member(0).refine(probs, features, chunk_size)
+        for i in range(1, len(self.members)):
+            total += self._member(i).refine(probs, features, chunk_size)
+        total /= len(self.members)
+        if self.passthrough:
+            keep = [LABELS.index(n) for n in self.passthrough]
+            total[:, keep] = probs[:, keep]  # type: ignore[index]  # exactly the inputs, not their mean
+        return total
+
+    def payload(self) -> dict[str, Any]:
+        """The ensemble file's content: the members' :meth:`TemporalRefiner.payload` and the fit record."""
+        return {
+            "format": ENSEMBLE_FORMAT,
+            "version": _FILE_VERSION,
+            "fit": json.dumps(self.fit_info),
+            "members": [self._member(i).payload() for i in range(len(self.members))],
+        }
+
+    def save(self, path: PathLike) -> Path:
+        """Write the ensemble (every member and the fit record) to ``path`` atomically."""
+        return _save_payload(path, self.payload())
+
+    @classmethod
+    def load(cls, path: PathLike, map_location: str | torch.device = "cpu") -> RefinerEnsemble:
+        """Read an ensemble written by :meth:`save` (``torch.load(weights_only=True)``).
+
+        Raises:
+            FileNotFoundError: the file is missing.
+            ValueError: the file is not an ensemble file, or a member is damaged (one line naming it).
+        """
+        path = Path(path)
+        return cls.from_payload(_load_payload(path, map_location), f"refiner file {path}", map_location)
+
+    @classmethod
+    def from_payload(cls, payload: Any, where: str, map_location: str | torch.device = "cpu") -> RefinerEnsemble:
+        """Rebuild an ensemble from :meth:`payload`.
+
+        Raises:
+            ValueError: not an ensemble's content, or a member that does not rebuild (naming ``where``).
+        """
+        if not isinstance(payload, dict) or payload.get("format") != ENSEMBLE_FORMAT:
+            raise ValueError(f"{where} is not a refiner ensemble (no format {ENSEMBLE_FORMAT!r})")
+        if int(payload.get("version", 0)) > _FILE_VERSION:
+            raise ValueError(f"{where} has version {payload['version']}; this code reads {_FILE_VERSION}")
+        members = payload.get("members")
+        if not isinstance(members, list) or not members:
+            raise ValueError(f"{where}: the ensemble has no members")
+        refiners = [
+            TemporalRefiner.from_payload(m, f"{where}, member {i}", map_location) for i, m in enumerate(members)
+        ]
+        try:
+            ensemble = cls(refiners)
+            fit_info = json.loads(payload.get("fit", "{}"))
+        except Exception as e:
+            raise ValueError(f"{where}: {str(e).splitlines()[0]}") from None
+        ensemble.fit_info = fit_info
+        return ensemble
+
+
+def load_refiner_file(path: PathLike, map_location: str | torch.device = "cpu") -> TemporalRefiner | RefinerEnsemble:
+    """Read a refiner file, a :class:`TemporalRefiner` or a :class:`RefinerEnsemble` (as its format says).
+
+    Raises:
+        FileNotFoundError: the file is missing.
+        ValueError: the file is neither (one line naming it).
+    """
+    path = Path(path)
+    payload = _load_payload(path, map_location)
+    where = f"refiner file {path}"
+    if isinstance(payload, dict) and payload.get("format") == ENSEMBLE_FORMAT:
+        return RefinerEnsemble.from_payload(payload, where, map_location)
+    return TemporalRefiner.from_payload(payload, where, map_location)

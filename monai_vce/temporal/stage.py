@@ -7,15 +7,17 @@ them). It follows the default protocol of :mod:`monai_vce.temporal.protocol`, **
 1. the validation videos' probability files and their ground truth are read; the leakage guard checks that
    none of them was a training video of the frame model (``trained_on``);
 2. the refiner is cross-fitted over ``folds`` folds of these videos (:func:`cross_fit_refiner`): every video
-   gets refined probabilities from a refiner that was not fitted on it, and a final refiner is fitted on all
-   of them, for inference;
+   gets refined probabilities from a refiner that was not fitted on it; for inference, the fold refiners are
+   kept together (:class:`RefinerEnsemble`, ``final="ensemble"``, the default) or one more refiner is fitted
+   on all of them (``final="refit"``);
 3. the decoder is tuned on those out-of-fold refined probabilities (never on a refiner's own training videos),
    starting from their F1-optimal thresholds, as the frame decoder is tuned on the frame outputs;
 4. the temporal pipeline is compared with the frame pipeline by their decoders' tuning objectives
    (:func:`select_pipeline`), and the verdict is logged and recorded;
 5. the refiner file and the decoder parameters are written atomically, with a summary JSON.
 
-Cost: ``folds + 1`` refiner fits and one decoder tuning; no extra frame-model training.
+Cost: ``folds`` refiner fits (``folds + 1`` with ``final="refit"``) and one decoder tuning; no extra frame-model
+training. Inference refines every video once per fold with the ensemble (once with a refit).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from monai_vce.postprocessing.tuning import tune_decoder
 from monai_vce.utils import atomic_write_json
 
 from .protocol import check_no_leakage, cross_fit_refiner, select_pipeline
-from .refiner import INPUTS, TemporalRefiner
+from .refiner import INPUTS, RefinerEnsemble, TemporalRefiner, load_refiner_file
 
 __all__ = ["load_refiner", "refiner_fingerprint", "refiner_inputs", "fit_temporal_stage"]
 
@@ -57,8 +59,9 @@ logger = logging.getLogger(__name__)
 PathLike = str | os.PathLike
 
 
-def load_refiner(path: PathLike, map_location: str | torch.device = "cpu") -> TemporalRefiner:
-    """Read a refiner file for inference (:meth:`TemporalRefiner.load`), the bundle's ``refiner`` component.
+def load_refiner(path: PathLike, map_location: str | torch.device = "cpu") -> TemporalRefiner | RefinerEnsemble:
+    """Read a refiner file for inference, a :class:`TemporalRefiner` or a :class:`RefinerEnsemble` (the
+    temporal stage's default), the bundle's ``refiner`` component.
 
     Raises:
         FileNotFoundError: the file is missing (the message says how to fit one).
@@ -69,7 +72,7 @@ def load_refiner(path: PathLike, map_location: str | torch.device = "cpu") -> Te
             f"refiner file {path} not found; fit it with the temporal stage (bundle/configs/temporal_train.json) "
             "or pass --refiner_file"
         )
-    return TemporalRefiner.load(path, map_location=map_location)
+    return load_refiner_file(path, map_location=map_location)
 
 
 def refiner_fingerprint(path: PathLike) -> str:
@@ -133,6 +136,7 @@ def fit_temporal_stage(
     refiner: Any = None,
     videos: Sequence[str] | None = None,
     folds: int = 5,
+    final: str = "ensemble",
     frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
     fit_kwargs: Mapping[str, Any] | None = None,
     decoder_tuning: Mapping[str, Any] | None = None,
@@ -147,7 +151,7 @@ def fit_temporal_stage(
     Args:
         probs_dir: folder of the frame model's ``<video_id>.npz`` files of the validation videos.
         ground_truth: their ground-truth event JSON (object or path), in ``frame_units``.
-        refiner_file: where to write the final refiner (e.g. ``models/refiner.pt``).
+        refiner_file: where to write the refiner for inference (e.g. ``models/refiner.pt``).
         decoder_file: where to write the decoder parameters tuned on refined probabilities (e.g.
             ``models/temporal_decoder.json``).
         trained_on: the frame model's training video ids: the leakage guard refuses any of them here.
@@ -157,6 +161,9 @@ def fit_temporal_stage(
             default :class:`TemporalRefiner` of probabilities.
         videos: the video ids to use (default every file of ``probs_dir``).
         folds: cross-fitting folds (at most the number of videos).
+        final: the refiner written to ``refiner_file``: ``"ensemble"``, the fold refiners together (no more fit;
+            inference refines once per fold), or ``"refit"``, one more refiner fitted on all the videos (see
+            :func:`cross_fit_refiner`).
         frame_units: the frame ids the ground truth and the decoder count in.
         fit_kwargs: more arguments of :func:`~monai_vce.temporal.fit_refiner` (steps, crop_length, batch_size,
             learning_rate, num_threads, ...).
@@ -215,6 +222,7 @@ def fit_temporal_stage(
         data,
         inputs,
         folds=n_folds,
+        final=final,
         trained_on=trained_on,
         seed=seed,
         refiner=template,
@@ -243,19 +251,20 @@ def fit_temporal_stage(
             a = arrays[vid]
             video = VideoArrays(vid, fit.refined[vid], a.frame_index, a.frame_number)
             save_video_probs(probability_file(oof_dir, vid), video, source=f"{a.source} | out-of-fold refiner")
-    final = fit.refiner.to("cpu")
-    final.fit_info = {
-        **final.fit_info,
+    chosen = fit.refiner.to("cpu")
+    chosen.fit_info = {
+        **chosen.fit_info,
         "stage": {
             "protocol": "validation cross-fitting",
             "folds": n_folds,
+            "final": final,
             "frame_model_training_videos": sorted(str(v) for v in trained_on),
             "frame_source": arrays[ids[0]].source,
             "objectives": objectives,
             "selected": selected,
         },
     }
-    refiner_path = final.save(refiner_file)
+    refiner_path = chosen.save(refiner_file)
     decoder_path = params.save(decoder_file)
     summary = {
         "videos": ids,
