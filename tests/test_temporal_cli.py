@@ -9,10 +9,11 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from monai_vce.events.probabilities import VideoArrays, load_video_probs, probability_file, save_video_probs
 from monai_vce.labels import NUM_LABELS, SECTIONS
-from monai_vce.temporal import TemporalRefiner
+from monai_vce.temporal import RefinerEnsemble, TemporalRefiner
 from monai_vce.temporal.__main__ import main
 from monai_vce.temporal.files import read_videos
 
@@ -104,6 +105,18 @@ def test_fit_and_refine_round_trip(tmp_path, run):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["kept"] == 2
+    # an ensemble file (what the bundle's temporal stage writes) refines as the mean of its members
+    second = TemporalRefiner.load(model)
+    with torch.no_grad():
+        for param in second.parameters():
+            param.add_(0.05)
+    ensemble = RefinerEnsemble([refiner, second]).save(tmp_path / "ensemble.pt")
+    ens = run("refine", "--probs", str(val), "--model", str(ensemble), "--out", str(tmp_path / "by_ensemble"))
+    assert ens.returncode == 0, ens.stderr
+    for vid in ("vid1_0", "vid1_1"):
+        probs = load_video_probs(val / f"{vid}.npz").probs
+        mean = (refiner.refine(probs) + second.refine(probs)) / 2
+        np.testing.assert_allclose(load_video_probs(tmp_path / "by_ensemble" / f"{vid}.npz").probs, mean, atol=1e-6)
 
 
 def test_cli_errors_name_the_file_or_video(tmp_path, run):
