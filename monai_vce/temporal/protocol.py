@@ -170,7 +170,7 @@ class CrossFitResult:
 def cross_fit_refiner(
     videos: Mapping[str, Sequence[Any]],
     inputs: str = "probs",
-    folds: int | Mapping[str, int] = 5,
+    folds: int | Mapping[str, int] = 3,
     final: str | None = "ensemble",
     trained_on: Mapping[str, Collection[str]] | Collection[str] | None = None,
     seed: int = 0,

@@ -466,7 +466,7 @@ class RefinerEnsemble(nn.Module):
 
     Example::
 
-        fit = cross_fit_refiner(videos, folds=5)       # fit.refiner is the fold refiners' ensemble
+        fit = cross_fit_refiner(videos, folds=3)       # fit.refiner is the fold refiners' ensemble
         fit.refiner.save("refiner.pt")
         refined = load_refiner("refiner.pt").refine(probs)
     """

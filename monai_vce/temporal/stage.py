@@ -135,7 +135,7 @@ def fit_temporal_stage(
     trained_on: Collection[str],
     refiner: Any = None,
     videos: Sequence[str] | None = None,
-    folds: int = 5,
+    folds: int = 3,
     final: str = "ensemble",
     frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
     fit_kwargs: Mapping[str, Any] | None = None,
