@@ -44,18 +44,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from monai_vce.postprocessing.gating import video_folds
 
-if TYPE_CHECKING:
-    from .refiner import RefinerEnsemble, TemporalRefiner
-
-#: What :func:`cross_fit_refiner` returns as the refiner for new videos: ``"ensemble"``, the fold refiners
-#: together; ``"refit"``, one more refiner fitted on all videos.
-FINAL_REFINERS: tuple[str, ...] = ("ensemble", "refit")
+from .refiner import RefinerEnsemble, TemporalRefiner
 
 __all__ = [
     "LeakageError",
@@ -67,6 +62,10 @@ __all__ = [
     "cross_fit_refiner",
     "select_pipeline",
 ]
+
+#: What :func:`cross_fit_refiner` returns as the refiner for new videos: ``"ensemble"``, the fold refiners
+#: together; ``"refit"``, one more refiner fitted on all videos.
+FINAL_REFINERS: tuple[str, ...] = ("ensemble", "refit")
 
 
 class LeakageError(ValueError):
@@ -207,7 +206,6 @@ def cross_fit_refiner(
     Raises:
         LeakageError: the inputs' provenance shows leakage, or a fold would refine its own training videos.
     """
-    from .refiner import RefinerEnsemble
     from .training import fit_refiner
 
     if final is not None and final not in FINAL_REFINERS:
