@@ -10,6 +10,7 @@ components (the default refiner, a swapped network class, the leakage guard).
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -223,35 +224,24 @@ def test_refiner_component_of_the_config_and_a_swapped_network_class(tmp_path):
     ids = ["v1", "v2", "v3"]
     gt = _stage_files(tmp_path / "probs", ids)
     fit = {"steps": 2, "crop_length": 40, "crop_context": 0, "batch_size": 2, "num_threads": 1}
-    summary = fit_temporal_stage(
+    stage = functools.partial(
+        fit_temporal_stage,
         tmp_path / "probs",
         gt,
-        tmp_path / "refiner.pt",
-        tmp_path / "decoder.json",
         trained_on=["t1", "t2"],
         refiner=parser.get_parsed_content("temporal_fit#refiner"),
         folds=3,
         fit_kwargs=fit,
         decoder_tuning={"rounds": 1, "anatomy": False},
     )
+    summary = stage(tmp_path / "refiner.pt", tmp_path / "decoder.json")
     saved = load_refiner(tmp_path / "refiner.pt")
     assert isinstance(saved, RefinerEnsemble) and len(saved.members) == 3  # the fold refiners, no refit
     for member in saved.members:
         assert member.get_config()["network"]["stages"] == 2 and member.get_config()["network"]["channels"] == 4
     assert summary["folds"] == 3 and summary["objective"].keys() == {"temporal"}
     # one more fit on all the videos instead: a single refiner
-    fit_temporal_stage(
-        tmp_path / "probs",
-        gt,
-        tmp_path / "refit.pt",
-        tmp_path / "refit.json",
-        trained_on=["t1", "t2"],
-        refiner=parser.get_parsed_content("temporal_fit#refiner"),
-        folds=3,
-        final="refit",
-        fit_kwargs=fit,
-        decoder_tuning={"rounds": 1, "anatomy": False},
-    )
+    stage(tmp_path / "refit.pt", tmp_path / "refit.json", final="refit")
     refit = TemporalRefiner.load(tmp_path / "refit.pt")
     assert sorted(refit.trained_videos) == ids and refit.fit_info["stage"]["final"] == "refit"
     with pytest.raises(LeakageError, match="v2"):
