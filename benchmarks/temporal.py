@@ -22,6 +22,13 @@ changes the split and the simulation draw), and two pipelines are scored on the 
   ``refiner, every label refined`` by their decoders' tuning objectives on the fitting videos (the decoder alone unless a refiner pipeline leads by more than the
   default margin, 0.01), scored on the held-out videos: what a user gets who lets the product decide.
 
+``--variants`` adds decoding variants of the same fits: ``refiner, logit-mean ensemble`` (the fold refiners'
+logits averaged instead of their probabilities; same decoder) and ``refiner, passthrough chosen per label``
+(a label is passed through when the decoder alone scores it higher on the fitting videos, in-sample, than the
+every-label pipeline does on their out-of-fold refined probabilities; decoder re-tuned). ``--cache DIR`` keeps
+the fits (fold refiners and out-of-fold outputs, keyed by everything they depend on), so that a later run of
+the same fits only decodes.
+
 ``--ceiling`` scores what a perfect refiner of some labels could give at most: the held-out ground truth of
 those labels alone, composed into label-set events (all other labels left out, as a decoder that abstains).
 ``--fit-all`` instead fits one refiner on all 80 videos (``medium``) and reports its wall time and the peak
@@ -34,6 +41,7 @@ Usage (from the repository root)::
     python benchmarks/temporal.py --seed 1              # another split and simulation draw
     python benchmarks/temporal.py --levels medium --refit   # also a refiner refitted on all 40 videos
     python benchmarks/temporal.py --levels medium --quick   # 16 videos, 2 folds, short fits: a smoke test
+    python benchmarks/temporal.py --levels medium --variants --cache fits/   # decoding variants; fits kept
     python benchmarks/temporal.py --ceiling
     python benchmarks/temporal.py --fit-all
     python benchmarks/temporal.py --speed
@@ -42,6 +50,7 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import resource
 import time
@@ -105,8 +114,51 @@ def _per_label(gt: dict, decoded: dict) -> dict[str, float]:
     return {name: float(per[name]["0.5"]) for name in LABELS}
 
 
+def _logit_mean(refiners, probs: np.ndarray) -> np.ndarray:
+    eps = 1e-6
+    clipped = [np.clip(r.refine(probs), eps, 1 - eps).astype(np.float64) for r in refiners]
+    logits = [np.log(p) - np.log1p(-p) for p in clipped]
+    return (1.0 / (1.0 + np.exp(-np.mean(logits, axis=0)))).astype(np.float32)
+
+
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _cached_cross_fit(args: argparse.Namespace, level: str, fit: dict[str, tuple], kwargs: dict[str, Any]):
+    """``cross_fit_refiner`` of the fitting videos, read from / written to ``--cache`` when given.
+
+    The fits take most of a run; with a cache, decoding variants of the same fits rerun in minutes. The key
+    covers everything the fits depend on (level, seed, folds, refit, settings, fitting videos)."""
+    from monai_vce.temporal import CrossFitResult, load_refiner_file
+
+    def fit_now():
+        return cross_fit_refiner(fit, folds=args.folds, final="refit" if args.refit else None, seed=args.seed, **kwargs)
+
+    if not args.cache:
+        return fit_now()
+    key = json.dumps([level, args.seed, args.folds, bool(args.refit), kwargs, sorted(fit)], sort_keys=True, default=str)
+    name = f"{level}-s{args.seed}-f{args.folds}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    folder = Path(args.cache) / name
+    if (folder / "done").exists():
+        print(f"[{level}] refiner fits read from {folder}", flush=True)
+        folds = load_refiner_file(folder / "folds.pt")
+        refit = load_refiner_file(folder / "refit.pt") if (folder / "refit.pt").exists() else None
+        with np.load(folder / "refined.npz") as z:
+            refined = {k: z[k] for k in z.files}
+        members = [folds.members[i] for i in range(len(folds.members))]
+        folds_of = json.loads((folder / "folds.json").read_text())
+        return CrossFitResult(refined, refit, members, folds_of)
+    cross = fit_now()
+    folder.mkdir(parents=True, exist_ok=True)
+    RefinerEnsemble(cross.fold_refiners).save(folder / "folds.pt")
+    if cross.refiner is not None:
+        cross.refiner.save(folder / "refit.pt")
+    np.savez(folder / "refined.npz", **cross.refined)
+    (folder / "folds.json").write_text(json.dumps(cross.folds))
+    (folder / "key.json").write_text(key)
+    (folder / "done").write_text("")
+    return cross
 
 
 def run_levels(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
@@ -140,9 +192,7 @@ def run_levels(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
         # fitted with nothing passed through; the default (sections passed through) is derived from the same fits;
         # a refit is one more fit, for its row only (the default refiner is the fold refiners' ensemble)
         kwargs = {**fit_kwargs, "passthrough": ()}
-        cross = cross_fit_refiner(
-            fit, folds=args.folds, final="refit" if args.refit else None, seed=args.seed, **kwargs
-        )
+        cross = _cached_cross_fit(args, level, fit, kwargs)
         t_fit = time.perf_counter() - t0
         ensemble = RefinerEnsemble(cross.fold_refiners)
         refined_test = {k: ensemble.refine(sim[k][0]) for k in test_ids}
@@ -165,6 +215,42 @@ def run_levels(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
             decoded = decode_videos({k: (test_probs[name][k], sim[k][1]) for k in test_ids}, EventDecoder(tuned[name]))
             scores[name] = _score(gt_test, decoded)
             labels[name] = _per_label(gt_test, decoded)
+        if args.variants:
+            # ensemble in logit space: same decoder as the refiner row
+            inputs["refiner, logit-mean ensemble"] = inputs["refiner"]
+            test_probs["refiner, logit-mean ensemble"] = {
+                k: passthrough(_logit_mean(cross.fold_refiners, sim[k][0]), sim[k][0]) for k in test_ids
+            }
+            # labels passed through where the decoder alone beats the refined labels on the fitting videos
+            fit_gt = {"videos": [by_id[k] for k in fit_ids]}
+            own = {}
+            for name in ("decoder", "refiner, every label refined"):
+                dec = decode_videos({k: (inputs[name][k][0], sim[k][1]) for k in fit_ids}, EventDecoder(tuned[name]))
+                per = temporal_map(fit_gt, dec)["per_label"]
+                own[name] = {n: (per[n]["0.5"] + per[n]["0.95"]) / 2 for n in LABELS}
+            chosen_pass = [
+                LABELS.index(n) for n in LABELS if own["decoder"][n] > own["refiner, every label refined"][n]
+            ]
+            print(f"[{level}] passed through by the fitting videos: {[LABELS[i] for i in chosen_pass]}", flush=True)
+
+            def mixed(refined: np.ndarray, probs: np.ndarray, cols=chosen_pass) -> np.ndarray:
+                out = refined.copy()
+                out[:, cols] = probs[:, cols]
+                return out
+
+            chosen_name = "refiner, passthrough chosen per label"
+            inputs[chosen_name] = {k: (mixed(cross.refined[k], sim[k][0]), *sim[k][1:]) for k in fit_ids}
+            test_probs[chosen_name] = {k: mixed(refined_test[k], sim[k][0]) for k in test_ids}
+            for name in ("refiner, logit-mean ensemble", chosen_name):
+                t0 = time.perf_counter()
+                same = next((n for n in tuned if inputs[n] is inputs[name]), None)
+                tuned[name] = tuned[same] if same else tune_decoder(inputs[name], rounds=args.rounds)
+                seconds[name] = time.perf_counter() - t0
+                decoded = decode_videos(
+                    {k: (test_probs[name][k], sim[k][1]) for k in test_ids}, EventDecoder(tuned[name])
+                )
+                scores[name] = _score(gt_test, decoded)
+                labels[name] = _per_label(gt_test, decoded)
         chosen = select_pipeline(
             {n: tuned[n] for n in ("decoder", "refiner", "refiner, every label refined")}, baseline="decoder"
         )
@@ -301,6 +387,8 @@ def main() -> None:
     parser.add_argument("--fit-all", action="store_true", help="time and memory of one fit on all 80 videos")
     parser.add_argument("--speed", action="store_true", help="refine one 130,000-frame video on one thread")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of --speed")
+    parser.add_argument("--variants", action="store_true", help="also score decoding variants of the same fits")
+    parser.add_argument("--cache", default="", help="folder keeping the refiner fits, reused by later runs")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads for fitting")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -396,12 +396,26 @@ def test_change_point_states():
     mask = torch.tensor([0, 0, 1, 1, 1, 1, 1, 1, 1, 1.0])[None, None]
     padded = change_point_states(x * mask, (0.5,), lookback=3, mask=mask)
     assert padded[0, 0].tolist() == [0, 0, 0, 0, 0, -1, -1, -1, -1, 1]
+    # the next step ahead, seen by the lookahead frames before it (the frame it leaves included)
+    both = change_point_states(x, (0.5, 2.5), lookback=3, lookahead=2)
+    assert torch.equal(both[:, :2], states)
+    assert both[0, 2].tolist() == [1, 1, -1, -1, -1, 0, 1, 1, 1, 0]
+    assert both[0, 3].tolist() == [0, 0, 0, 0, 0, 0, 1, 1, 1, 0]
+    ahead = change_point_states(x * mask, (0.5,), lookback=3, mask=mask, lookahead=3)
+    assert ahead[0, 1].tolist() == [0, 0, -1, -1, -1, 1, 1, 1, 1, 0]
+    # reach: a state depends on the frame one beyond its window on each side, and on none further
+    for offset, moves in ((-6, True), (-7, False), (5, True), (6, False)):
+        spike = torch.zeros(1, 1, 40)
+        spike[..., 20 + offset] = 3.0
+        reached = change_point_states(spike, (1.0,), lookback=5, lookahead=4)[0, :, 20]
+        assert bool(reached.abs().sum() > 0) == moves, offset
 
 
 def test_labelwise_network_shapes_context_and_identity():
     torch.manual_seed(0)
     net = LabelwiseTCN(in_channels=NUM_LABELS + 3, **TINY_LW)
-    assert net.context == 2 * (2**3 - 1) + 20
+    assert net.context == 2 * (2**3 - 1) + 20 + 1  # the lookback reaches one frame beyond its window
+    assert LabelwiseTCN(in_channels=NUM_LABELS, **{**TINY_LW, "lookahead": 30}).context == 2 * (2**3 - 1) + 31
     # untrained: the input logits through the affine skip, whatever the rest of the input
     net.init_skip(torch.full((NUM_LABELS,), 2.0), torch.full((NUM_LABELS,), -1.0))
     x = torch.randn(2, NUM_LABELS + 3, 90)
@@ -443,6 +457,13 @@ def test_default_network_follows_the_inputs(tmp_path):
     whole = refiner.refine(probs)
     for chunk in (7, refiner.context, 250):
         np.testing.assert_allclose(refiner.refine(probs, chunk_size=chunk), whole, atol=1e-5, rtol=0)
+    # and with the states of the next step too (the overlap covers the lookahead)
+    ahead = _scramble(TemporalRefiner(network={**TINY_LW, "lookahead": 25}, chunk_size=None, passthrough=()))
+    ahead.set_input_statistics(np.full(ahead.in_channels, 0.3), np.full(ahead.in_channels, 1.7))
+    whole_ahead = ahead.refine(probs)
+    assert np.abs(whole_ahead - whole).max() > 1e-3
+    for chunk in (7, ahead.context, 250):
+        np.testing.assert_allclose(ahead.refine(probs, chunk_size=chunk), whole_ahead, atol=1e-5, rtol=0)
     loaded = TemporalRefiner.load(refiner.save(tmp_path / "lw.pt"))
     assert isinstance(loaded.network, LabelwiseTCN) and loaded.get_config() == refiner.get_config()
     np.testing.assert_array_equal(loaded.refine(probs), whole)

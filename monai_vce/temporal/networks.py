@@ -278,36 +278,54 @@ class MultiStageTCN(nn.Module):
         return torch.stack(outputs)
 
 
-def change_point_states(x: torch.Tensor, thresholds: Sequence[float], lookback: int, mask: torch.Tensor | None = None):
+def change_point_states(
+    x: torch.Tensor,
+    thresholds: Sequence[float],
+    lookback: int,
+    mask: torch.Tensor | None = None,
+    lookahead: int = 0,
+) -> torch.Tensor:
     """Step states of sequences: for each threshold ``h``, +1 where the last step within ``lookback`` frames went
-    up by more than ``h``, -1 where it went down by more than ``h``, 0 where there was none.
+    up by more than ``h``, -1 where it went down by more than ``h``, 0 where there was none; with ``lookahead``,
+    also the same states of the *next* step within ``lookahead`` frames ahead.
 
     A frame model's evidence for a label jumps where the label starts or stops, while its errors on
     neighbouring frames are correlated and drift slowly; the difference of consecutive frames separates the two,
     and the sign of the last large difference says which side of a boundary a frame lies on, however noisy the
     level. A convolution stack could learn the difference but hardly the "last step" memory, so it is given it.
+    The next step ahead completes the picture: a frame between an up-step behind and a down-step ahead lies
+    inside a run, and knows where it ends.
 
     Args:
         x: ``(N, 1, T)`` sequences (standardised logits).
         thresholds: step sizes, in the units of ``x``.
-        lookback: frames a step is remembered (outputs depend on no frame further back).
+        lookback: frames a step is remembered (outputs depend on no frame more than ``lookback + 1`` back).
         mask: optional ``(N, 1, T)`` 0/1 mask of real frames; no step is taken across or at a padded frame.
+        lookahead: frames before a step that see it (outputs then depend on frames up to ``lookahead + 1``
+            ahead); 0: no states of the next step.
 
     Returns:
-        ``(N, len(thresholds), T)`` states in {-1, 0, 1} (0 on padded frames).
+        ``(N, len(thresholds), T)`` states in {-1, 0, 1} (0 on padded frames), followed with ``lookahead`` by
+        ``len(thresholds)`` states of the next step (its sign: +1 for a step up).
     """
     d = x[..., 1:] - x[..., :-1]
     if mask is not None:
         d = d * mask[..., 1:] * mask[..., :-1]
-    d = F.pad(d, (1, 0))
-    t = torch.arange(x.shape[-1], device=x.device).expand_as(d)
+    t = torch.arange(x.shape[-1], device=x.device).expand(*x.shape[:-1], -1)
     never = torch.full_like(t, -(1 << 40))
     out = []
-    for h in thresholds:
-        sign = (d > h).to(x.dtype) - (d < -h).to(x.dtype)
-        last = torch.cummax(torch.where(sign != 0, t, never), dim=-1).values
-        state = torch.gather(sign, -1, last.clamp(min=0)) * ((t - last) <= lookback).to(x.dtype)
-        out.append(state if mask is None else state * mask)
+    # behind: the step into frame t is d[t - 1]; ahead: the step out of frame t is d[t], seen from the end
+    # of the reversed sequence (where it is the step into the mirrored frame, with the opposite sign)
+    for diff, window, sign_of in ((F.pad(d, (1, 0)), lookback, 1.0), (F.pad(-d, (0, 1)).flip(-1), lookahead, -1.0)):
+        if sign_of < 0 and not lookahead:
+            break
+        for h in thresholds:
+            sign = (diff > h).to(x.dtype) - (diff < -h).to(x.dtype)
+            last = torch.cummax(torch.where(sign != 0, t, never), dim=-1).values
+            state = torch.gather(sign, -1, last.clamp(min=0)) * ((t - last) <= window).to(x.dtype)
+            if sign_of < 0:
+                state = -state.flip(-1)
+            out.append(state if mask is None else state * mask)
     return torch.cat(out, dim=1)
 
 
@@ -348,6 +366,9 @@ class LabelwiseTCN(nn.Module):
         change_points: step sizes (in standard deviations of the label's logit) of the step-state inputs of the
             label-wise stage; empty: none.
         lookback: frames a step is remembered by the step states.
+        lookahead: frames ahead of a step that also see it (the states of the next large step, mirroring
+            ``lookback``): a frame then knows the steps on both sides of it, where a run it lies in starts and
+            ends; 0: only the last step behind.
 
     Example::
 
@@ -370,6 +391,7 @@ class LabelwiseTCN(nn.Module):
         dropout: float = 0.1,
         change_points: Sequence[float] = (0.3, 0.5, 0.8, 1.2, 2.0),
         lookback: int = 128,
+        lookahead: int = 0,
     ) -> None:
         super().__init__()
         if out_channels < 1 or in_channels < out_channels:
@@ -377,8 +399,10 @@ class LabelwiseTCN(nn.Module):
                 f"LabelwiseTCN reads its first out_channels={out_channels} inputs as per-label evidence; "
                 f"in_channels={in_channels} is less"
             )
-        if channels < 1 or layers < 0 or label_features < 0 or embedding < 0 or stages < 0 or lookback < 0:
-            raise ValueError("channels must be >= 1; layers, label_features, embedding, stages and lookback >= 0")
+        if min(layers, label_features, embedding, stages, lookback, lookahead) < 0 or channels < 1:
+            raise ValueError(
+                "channels must be >= 1; layers, label_features, embedding, stages, lookback and lookahead >= 0"
+            )
         self.config: dict[str, Any] = {
             "in_channels": int(in_channels),
             "out_channels": int(out_channels),
@@ -393,15 +417,22 @@ class LabelwiseTCN(nn.Module):
             "dropout": float(dropout),
             "change_points": [float(h) for h in change_points],
             "lookback": int(lookback),
+            "lookahead": int(lookahead),
         }
         self.labels = int(out_channels)
         self.label_features = int(label_features)
         self.change_points = tuple(float(h) for h in change_points)
         self.lookback = int(lookback)
+        self.lookahead = int(lookahead) if self.change_points else 0
         self.embedding = nn.Parameter(torch.empty(out_channels, embedding))
         nn.init.normal_(self.embedding, std=0.5)
         self.labelwise = SingleStageTCN(
-            1 + embedding + len(self.change_points), 1 + label_features, channels, layers, kernel_size, dropout
+            1 + embedding + len(self.change_points) * (2 if self.lookahead else 1),
+            1 + label_features,
+            channels,
+            layers,
+            kernel_size,
+            dropout,
         )
         extra = in_channels - out_channels
         self.context_stages = nn.ModuleList(
@@ -434,7 +465,9 @@ class LabelwiseTCN(nn.Module):
     def context(self) -> int:
         """Frames on each side of a frame that its output depends on."""
         stages = [self.labelwise, *self.context_stages]
-        return sum(int(s.context) for s in stages) + (self.lookback if self.change_points else 0)
+        # a step state looks one frame beyond its window: the step into its oldest frame
+        steps = max(self.lookback, self.lookahead) + 1 if self.change_points else 0
+        return sum(int(s.context) for s in stages) + steps
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """
@@ -453,7 +486,7 @@ class LabelwiseTCN(nn.Module):
         per_label = [seq, self.embedding.repeat(B, 1)[:, :, None].expand(B * C, -1, T)]
         m = None if mask is None else mask.repeat_interleave(C, dim=0)
         if self.change_points:
-            per_label.append(change_point_states(seq, self.change_points, self.lookback, m))
+            per_label.append(change_point_states(seq, self.change_points, self.lookback, m, self.lookahead))
         lw = self.labelwise(torch.cat(per_label, dim=1), m).reshape(B, C, 1 + self.label_features, T)
         out = evidence * self.skip_scale[:, None] + self.skip_bias[:, None] + lw[:, :, 0]
         if mask is not None:
