@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 import pytest
@@ -467,6 +468,13 @@ def test_default_network_follows_the_inputs(tmp_path):
     loaded = TemporalRefiner.load(refiner.save(tmp_path / "lw.pt"))
     assert isinstance(loaded.network, LabelwiseTCN) and loaded.get_config() == refiner.get_config()
     np.testing.assert_array_equal(loaded.refine(probs), whole)
+    # a file from before the look-ahead states (no "lookahead" in its network) reads as one without them
+    payload = refiner.payload()
+    config = json.loads(payload["config"])
+    del config["network"]["lookahead"]
+    old = TemporalRefiner.from_payload({**payload, "config": json.dumps(config)}, "old file")
+    assert old.get_config()["network"]["lookahead"] == 0
+    np.testing.assert_array_equal(old.refine(probs), whole)
 
 
 def test_boundary_weighted_loss():

@@ -407,6 +407,10 @@ class TemporalRefiner(nn.Module):
             fit_info = json.loads(payload.get("fit", "{}"))
             if list(config.pop("labels", LABELS)) != list(LABELS):
                 raise ValueError("its labels differ from the 17 LABELS")
+            network = config.get("network")
+            if isinstance(network, dict) and network.get("_target_", "").endswith(".LabelwiseTCN"):
+                # files written before the look-ahead step states existed had none
+                network.setdefault("lookahead", 0)
             refiner = cls(**config)
             refiner.load_state_dict(payload["state_dict"], strict=True)
         except Exception as e:
