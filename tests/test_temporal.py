@@ -31,7 +31,7 @@ from monai_vce.temporal import (
 TINY = {"_target_": "monai_vce.temporal.MultiStageTCN", "stages": 2, "layers": 5, "channels": 8, "dropout": 0.0}
 #: a small label-wise network (the default kind), with step-state inputs
 TINY_LW = {"channels": 4, "layers": 3, "label_features": 2, "context_layers": 3, "context_channels": 8,
-           "dropout": 0.0, "change_points": (0.5, 1.0), "lookback": 20}  # fmt: skip
+           "dropout": 0.0, "change_points": (0.5, 1.0), "lookback": 20, "lookahead": 20}  # fmt: skip
 
 
 def _scramble(refiner: TemporalRefiner, seed: int = 0) -> TemporalRefiner:
@@ -458,23 +458,27 @@ def test_default_network_follows_the_inputs(tmp_path):
     whole = refiner.refine(probs)
     for chunk in (7, refiner.context, 250):
         np.testing.assert_allclose(refiner.refine(probs, chunk_size=chunk), whole, atol=1e-5, rtol=0)
-    # and with the states of the next step too (the overlap covers the lookahead)
-    ahead = _scramble(TemporalRefiner(network={**TINY_LW, "lookahead": 25}, chunk_size=None, passthrough=()))
-    ahead.set_input_statistics(np.full(ahead.in_channels, 0.3), np.full(ahead.in_channels, 1.7))
-    whole_ahead = ahead.refine(probs)
-    assert np.abs(whole_ahead - whole).max() > 1e-3
-    for chunk in (7, ahead.context, 250):
-        np.testing.assert_allclose(ahead.refine(probs, chunk_size=chunk), whole_ahead, atol=1e-5, rtol=0)
+    # and without the states of the next step, or with a longer lookahead than lookback
+    for lookahead in (0, 25):
+        net = {**TINY_LW, "lookahead": lookahead}
+        ahead = _scramble(TemporalRefiner(network=net, chunk_size=None, passthrough=()))
+        ahead.set_input_statistics(np.full(ahead.in_channels, 0.3), np.full(ahead.in_channels, 1.7))
+        whole_ahead = ahead.refine(probs)
+        assert np.abs(whole_ahead - whole).max() > 1e-3
+        for chunk in (7, ahead.context, 250):
+            np.testing.assert_allclose(ahead.refine(probs, chunk_size=chunk), whole_ahead, atol=1e-5, rtol=0)
     loaded = TemporalRefiner.load(refiner.save(tmp_path / "lw.pt"))
     assert isinstance(loaded.network, LabelwiseTCN) and loaded.get_config() == refiner.get_config()
     np.testing.assert_array_equal(loaded.refine(probs), whole)
     # a file from before the look-ahead states (no "lookahead" in its network) reads as one without them
-    payload = refiner.payload()
+    before = _scramble(TemporalRefiner(network={**TINY_LW, "lookahead": 0}, chunk_size=None, passthrough=()))
+    payload = before.payload()
     config = json.loads(payload["config"])
     del config["network"]["lookahead"]
     old = TemporalRefiner.from_payload({**payload, "config": json.dumps(config)}, "old file")
     assert old.get_config()["network"]["lookahead"] == 0
-    np.testing.assert_array_equal(old.refine(probs), whole)
+    np.testing.assert_array_equal(old.refine(probs), before.refine(probs))
+    assert TemporalRefiner().get_config()["network"]["lookahead"] == 128  # today's default looks ahead
 
 
 def test_boundary_weighted_loss():

@@ -25,7 +25,7 @@ logits or to a stack of per-stage logits), so one can be tried without changing 
 The default network of a refiner that reads probabilities is :class:`LabelwiseTCN`: a first MS-TCN stage
 run over each label's evidence separately with weights shared by all 17 labels (each label's sequence is one
 more example of the same denoising problem, so the rare labels learn from the common ones), fed also with the
-step states of the evidence (:func:`change_point_states`: where the evidence jumps, the boundary of a run
+step states of the evidence (:func:`change_point_states`: where the evidence jumps behind and ahead of a frame, the boundary of a run
 most likely is), then an MS-TCN stage over all labels together. On simulated probabilities of the Galar
 timelines it beats the plain multi-label MS-TCN, whose 32 channels shared by 17 labels
 smooth short runs away (BENCHMARKS.md, "Temporal refiner").
@@ -391,7 +391,7 @@ class LabelwiseTCN(nn.Module):
         dropout: float = 0.1,
         change_points: Sequence[float] = (0.3, 0.5, 0.8, 1.2, 2.0),
         lookback: int = 128,
-        lookahead: int = 0,
+        lookahead: int = 128,
     ) -> None:
         super().__init__()
         if out_channels < 1 or in_channels < out_channels:
