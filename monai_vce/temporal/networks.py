@@ -25,8 +25,9 @@ logits or to a stack of per-stage logits), so one can be tried without changing 
 The default network of a refiner that reads probabilities is :class:`LabelwiseTCN`: a first MS-TCN stage
 run over each label's evidence separately with weights shared by all 17 labels (each label's sequence is one
 more example of the same denoising problem, so the rare labels learn from the common ones), fed also with the
-step states of the evidence (:func:`change_point_states`: where the evidence jumps behind and ahead of a frame, the boundary of a run
-most likely is), then an MS-TCN stage over all labels together. On simulated probabilities of the Galar
+step states of the evidence (:func:`change_point_states`: where the evidence last jumped behind a frame and
+next jumps ahead of it, the boundaries of the run it lies in most likely are), then an MS-TCN stage over all
+labels together. On simulated probabilities of the Galar
 timelines it beats the plain multi-label MS-TCN, whose 32 channels shared by 17 labels
 smooth short runs away (BENCHMARKS.md, "Temporal refiner").
 
@@ -348,8 +349,8 @@ class LabelwiseTCN(nn.Module):
     :meth:`init_skip` sets to undo the standardisation).
 
     Cost: stage 1 costs about ``out_channels`` times one stage of ``channels`` channels per frame, so its
-    channels are few (16 by default). Context: ``lookback`` (with change points) plus the stages' receptive
-    fields.
+    channels are few (16 by default). Context: the larger of ``lookback`` and ``lookahead``, plus one (with change
+    points), plus the stages' receptive fields.
 
     Args:
         in_channels: input channels per frame; the first ``out_channels`` must be the per-label evidence.
