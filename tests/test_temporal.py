@@ -464,7 +464,8 @@ def test_default_network_follows_the_inputs(tmp_path):
         ahead = _scramble(TemporalRefiner(network=net, chunk_size=None, passthrough=()))
         ahead.set_input_statistics(np.full(ahead.in_channels, 0.3), np.full(ahead.in_channels, 1.7))
         whole_ahead = ahead.refine(probs)
-        assert np.abs(whole_ahead - whole).max() > 1e-3
+        if lookahead == 0:  # another network: the look-ahead states matter
+            assert np.abs(whole_ahead - whole).max() > 1e-3
         for chunk in (7, ahead.context, 250):
             np.testing.assert_allclose(ahead.refine(probs, chunk_size=chunk), whole_ahead, atol=1e-5, rtol=0)
     loaded = TemporalRefiner.load(refiner.save(tmp_path / "lw.pt"))
