@@ -61,6 +61,7 @@ import numpy as np
 import torch
 
 from monai_vce.data.synthetic import find_galar_events
+from monai_vce.inference.interpolation import logit, sigmoid
 from monai_vce.labels import LABELS, SECTIONS
 from monai_vce.metrics import temporal_map
 from monai_vce.postprocessing import (
@@ -71,7 +72,14 @@ from monai_vce.postprocessing import (
     simulate_probabilities,
     tune_decoder,
 )
-from monai_vce.temporal import RefinerEnsemble, TemporalRefiner, cross_fit_refiner, fit_refiner, select_pipeline
+from monai_vce.temporal import (
+    CrossFitResult,
+    RefinerEnsemble,
+    TemporalRefiner,
+    cross_fit_refiner,
+    fit_refiner,
+    select_pipeline,
+)
 
 GALAR = find_galar_events()  # MONAI_VCE_GALAR_EVENTS, else shared/data beside the checkout
 
@@ -115,14 +123,30 @@ def _per_label(gt: dict, decoded: dict) -> dict[str, float]:
 
 
 def _logit_mean(refiners, probs: np.ndarray) -> np.ndarray:
-    eps = 1e-6
-    clipped = [np.clip(r.refine(probs), eps, 1 - eps).astype(np.float64) for r in refiners]
-    logits = [np.log(p) - np.log1p(-p) for p in clipped]
-    return (1.0 / (1.0 + np.exp(-np.mean(logits, axis=0)))).astype(np.float32)
+    return sigmoid(np.mean([logit(r.refine(probs)) for r in refiners], axis=0)).astype(np.float32)
 
 
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _tune_and_score(
+    name: str,
+    inputs: dict[str, dict[str, tuple]],
+    tuned: dict[str, Any],
+    test_probs: dict[str, dict[str, np.ndarray]],
+    frame_ids: dict[str, np.ndarray],
+    gt_test: dict,
+    rounds: int,
+) -> tuple[tuple[float, float], dict[str, float], float]:
+    """Tune the decoder of pipeline ``name`` (into ``tuned``; pipelines with the same tuning inputs share one) and
+    score it on the held-out videos: ``(mAP@0.5, mAP@0.95)``, AP@0.5 per label, tuning seconds."""
+    t0 = time.perf_counter()
+    same = next((n for n in tuned if inputs[n] is inputs[name]), None)
+    tuned[name] = tuned[same] if same else tune_decoder(inputs[name], rounds=rounds)
+    seconds = time.perf_counter() - t0
+    decoded = decode_videos({k: (test_probs[name][k], ids) for k, ids in frame_ids.items()}, EventDecoder(tuned[name]))
+    return _score(gt_test, decoded), _per_label(gt_test, decoded), seconds
 
 
 def _cached_cross_fit(args: argparse.Namespace, level: str, fit: dict[str, tuple], kwargs: dict[str, Any]):
@@ -130,7 +154,6 @@ def _cached_cross_fit(args: argparse.Namespace, level: str, fit: dict[str, tuple
 
     The fits take most of a run; with a cache, decoding variants of the same fits rerun in minutes. The key
     covers everything the fits depend on (level, seed, folds, refit, settings, fitting videos)."""
-    from monai_vce.temporal import CrossFitResult, load_refiner_file
 
     def fit_now():
         return cross_fit_refiner(fit, folds=args.folds, final="refit" if args.refit else None, seed=args.seed, **kwargs)
@@ -142,11 +165,11 @@ def _cached_cross_fit(args: argparse.Namespace, level: str, fit: dict[str, tuple
     folder = Path(args.cache) / name
     if (folder / "done").exists():
         print(f"[{level}] refiner fits read from {folder}", flush=True)
-        folds = load_refiner_file(folder / "folds.pt")
-        refit = load_refiner_file(folder / "refit.pt") if (folder / "refit.pt").exists() else None
+        folds = RefinerEnsemble.load(folder / "folds.pt")
+        refit = TemporalRefiner.load(folder / "refit.pt") if (folder / "refit.pt").exists() else None
         with np.load(folder / "refined.npz") as z:
             refined = {k: z[k] for k in z.files}
-        members = [folds.members[i] for i in range(len(folds.members))]
+        members = [m for m in folds.members if isinstance(m, TemporalRefiner)]
         folds_of = json.loads((folder / "folds.json").read_text())
         return CrossFitResult(refined, refit, members, folds_of)
     cross = fit_now()
@@ -176,9 +199,9 @@ def run_levels(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
     print(f"refiner settings: {json.dumps(fit_kwargs)}", flush=True)
     sections = [LABELS.index(n) for n in SECTIONS]
 
-    def passthrough(refined: np.ndarray, probs: np.ndarray) -> np.ndarray:
+    def passthrough(refined: np.ndarray, probs: np.ndarray, cols: list[int] = sections) -> np.ndarray:
         out = refined.copy()
-        out[:, sections] = probs[:, sections]
+        out[:, cols] = probs[:, cols]
         return out
 
     rows = []
@@ -206,15 +229,14 @@ def run_levels(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
         inputs["refiner, every label refined"] = cross.tuning_videos(fit)
         test_probs["refiner, every label refined"] = refined_test
 
-        tuned, scores, seconds, labels = {}, {}, {}, {}
-        for name in inputs:
-            t0 = time.perf_counter()
-            same = next((n for n in tuned if inputs[n] is inputs[name]), None)
-            tuned[name] = tuned[same] if same else tune_decoder(inputs[name], rounds=args.rounds)
-            seconds[name] = time.perf_counter() - t0
-            decoded = decode_videos({k: (test_probs[name][k], sim[k][1]) for k in test_ids}, EventDecoder(tuned[name]))
-            scores[name] = _score(gt_test, decoded)
-            labels[name] = _per_label(gt_test, decoded)
+        tuned: dict[str, Any] = {}
+        scores, seconds, labels = {}, {}, {}
+        frame_ids = {k: sim[k][1] for k in test_ids}
+
+        for name in list(inputs):
+            scores[name], labels[name], seconds[name] = _tune_and_score(
+                name, inputs, tuned, test_probs, frame_ids, gt_test, args.rounds
+            )
         if args.variants:
             # ensemble in logit space: same decoder as the refiner row
             inputs["refiner, logit-mean ensemble"] = inputs["refiner"]
@@ -232,25 +254,15 @@ def run_levels(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
                 LABELS.index(n) for n in LABELS if own["decoder"][n] > own["refiner, every label refined"][n]
             ]
             print(f"[{level}] passed through by the fitting videos: {[LABELS[i] for i in chosen_pass]}", flush=True)
-
-            def mixed(refined: np.ndarray, probs: np.ndarray, cols=chosen_pass) -> np.ndarray:
-                out = refined.copy()
-                out[:, cols] = probs[:, cols]
-                return out
-
             chosen_name = "refiner, passthrough chosen per label"
-            inputs[chosen_name] = {k: (mixed(cross.refined[k], sim[k][0]), *sim[k][1:]) for k in fit_ids}
-            test_probs[chosen_name] = {k: mixed(refined_test[k], sim[k][0]) for k in test_ids}
+            inputs[chosen_name] = {
+                k: (passthrough(cross.refined[k], sim[k][0], chosen_pass), *sim[k][1:]) for k in fit_ids
+            }
+            test_probs[chosen_name] = {k: passthrough(refined_test[k], sim[k][0], chosen_pass) for k in test_ids}
             for name in ("refiner, logit-mean ensemble", chosen_name):
-                t0 = time.perf_counter()
-                same = next((n for n in tuned if inputs[n] is inputs[name]), None)
-                tuned[name] = tuned[same] if same else tune_decoder(inputs[name], rounds=args.rounds)
-                seconds[name] = time.perf_counter() - t0
-                decoded = decode_videos(
-                    {k: (test_probs[name][k], sim[k][1]) for k in test_ids}, EventDecoder(tuned[name])
+                scores[name], labels[name], seconds[name] = _tune_and_score(
+                    name, inputs, tuned, test_probs, frame_ids, gt_test, args.rounds
                 )
-                scores[name] = _score(gt_test, decoded)
-                labels[name] = _per_label(gt_test, decoded)
         chosen = select_pipeline(
             {n: tuned[n] for n in ("decoder", "refiner", "refiner, every label refined")}, baseline="decoder"
         )

@@ -314,20 +314,23 @@ def change_point_states(
         d = d * mask[..., 1:] * mask[..., :-1]
     t = torch.arange(x.shape[-1], device=x.device).expand(*x.shape[:-1], -1)
     never = torch.full_like(t, -(1 << 40))
-    out = []
-    # behind: the step into frame t is d[t - 1]; ahead: the step out of frame t is d[t], seen from the end
-    # of the reversed sequence (where it is the step into the mirrored frame, with the opposite sign)
-    for diff, window, sign_of in ((F.pad(d, (1, 0)), lookback, 1.0), (F.pad(-d, (0, 1)).flip(-1), lookahead, -1.0)):
-        if sign_of < 0 and not lookahead:
-            break
+
+    def last_step(steps: torch.Tensor, window: int) -> list[torch.Tensor]:
+        # steps[t]: the step into frame t; per threshold, the sign of the last large one within the window
+        states = []
         for h in thresholds:
-            sign = (diff > h).to(x.dtype) - (diff < -h).to(x.dtype)
+            sign = (steps > h).to(x.dtype) - (steps < -h).to(x.dtype)
             last = torch.cummax(torch.where(sign != 0, t, never), dim=-1).values
-            state = torch.gather(sign, -1, last.clamp(min=0)) * ((t - last) <= window).to(x.dtype)
-            if sign_of < 0:
-                state = -state.flip(-1)
-            out.append(state if mask is None else state * mask)
-    return torch.cat(out, dim=1)
+            states.append(torch.gather(sign, -1, last.clamp(min=0)) * ((t - last) <= window).to(x.dtype))
+        return states
+
+    out = last_step(F.pad(d, (1, 0)), lookback)
+    if lookahead:
+        # the next step out of frame t is the last step into the mirrored frame of the reversed sequence,
+        # with the opposite sign
+        out += [-s.flip(-1) for s in last_step(F.pad(-d, (0, 1)).flip(-1), lookahead)]
+    states = torch.cat(out, dim=1)
+    return states if mask is None else states * mask
 
 
 class LabelwiseTCN(nn.Module):

@@ -85,9 +85,12 @@ def position_channels(offset: int, rows: int, total: int) -> np.ndarray:
     return np.stack([(t + 0.5) / max(total, 1), np.log1p(t), np.log(np.maximum(total - t, 1.0))]).astype(np.float32)
 
 
-def _class_path(obj: nn.Module) -> str:
-    cls = type(obj)
+def _class_path_of(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _class_path(obj: nn.Module) -> str:
+    return _class_path_of(type(obj))
 
 
 def _build_network(spec: Mapping[str, Any], in_channels: int, inputs: str) -> nn.Module:
@@ -96,7 +99,7 @@ def _build_network(spec: Mapping[str, Any], in_channels: int, inputs: str) -> nn
     and :class:`MultiStageTCN` for features alone."""
     kwargs = {k: v for k, v in spec.items() if k != "_target_"}
     default = MultiStageTCN if inputs == "features" else LabelwiseTCN
-    target = spec.get("_target_", f"{default.__module__}.{default.__qualname__}")
+    target = spec.get("_target_", _class_path_of(default))
     cls = pydoc.locate(target) if isinstance(target, str) else target
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise ValueError(f"network _target_ {target!r} is not a torch.nn.Module class")
@@ -408,7 +411,7 @@ class TemporalRefiner(nn.Module):
             if list(config.pop("labels", LABELS)) != list(LABELS):
                 raise ValueError("its labels differ from the 17 LABELS")
             network = config.get("network")
-            if isinstance(network, dict) and network.get("_target_", "").endswith(".LabelwiseTCN"):
+            if isinstance(network, dict) and network.get("_target_") == _class_path_of(LabelwiseTCN):
                 # files written before the look-ahead step states existed had none
                 network.setdefault("lookahead", 0)
             refiner = cls(**config)
