@@ -11,13 +11,17 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import hashlib
 import io
 import json
+import logging
 import os
 import re
 import sys
 import tempfile
 import warnings
+import zipfile
+import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar, TypeVar
@@ -27,6 +31,8 @@ __all__ = [
     "natural_key",
     "renamed_arguments",
     "short_repr",
+    "safe_text",
+    "check_setting",
     "open_regular_file",
     "read_regular_file",
     "loads_json",
@@ -35,6 +41,8 @@ __all__ = [
     "atomic_write_text",
     "atomic_write_json",
     "atomic_save_npz",
+    "seal_torch_bytes",
+    "check_torch_seal",
     "OutputLock",
     "error_summary",
     "report_errors_last",
@@ -54,6 +62,95 @@ def short_repr(value: Any, limit: int = 80) -> str:
         value = value[: 4 * limit]  # repr of a huge string is never built
     text = repr(value)
     return text if len(text) <= limit else text[: max(limit - 3, 1)] + "..."
+
+
+def safe_text(value: Any) -> str:
+    """``str(value)`` with control characters (newlines, escapes, ...) written as ``\\n``, ``\\x1b``, ...
+
+    For file names and other outside text in log lines and messages: a name holding a newline cannot forge a
+    second log line, nor an escape sequence recolour the terminal. Printable text (any script) is kept as is.
+    """
+    text = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "backslashreplace")
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+_SETTING_KINDS = ("path", "int", "number", "bool", "str")
+
+
+def check_setting(
+    name: str,
+    value: Any,
+    kind: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    choices: Sequence[Any] | None = None,
+    optional: bool = False,
+    exists: bool = False,
+) -> Any:
+    """Validate one setting where it enters (a bundle override, a keyword argument) and return it normalised.
+
+    Args:
+        name: the setting, named in the message (e.g. ``"reduction#stride"``).
+        value: its value.
+        kind: ``"path"`` (a non-empty ``str`` or ``os.PathLike``, returned as ``str``), ``"int"`` (an integer,
+            never a bool), ``"number"`` (a finite real number, never a bool, returned as ``float``), ``"bool"``
+            (``True``/``False``, or exactly the strings ``"true"``/``"false"`` in any case, which a command line
+            gives) or ``"str"``.
+        minimum, maximum: inclusive range of an ``"int"`` or ``"number"``.
+        choices: the values allowed.
+        optional: ``None`` is allowed (and returned).
+        exists: a ``"path"`` must exist.
+
+    Raises:
+        ValueError: one line naming the setting, what it must be and what it is.
+    """
+    if kind not in _SETTING_KINDS:
+        raise ValueError(f"check_setting: kind must be one of {_SETTING_KINDS}, got {kind!r}")
+    if value is None and optional:
+        return None
+    got = f"got {short_repr(value)} ({type(value).__name__})"
+    if kind == "path":
+        if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+            raise ValueError(f"setting {name!r} must be a file or folder path (a non-empty string), {got}")
+        value = os.fspath(value)
+        if "\0" in value:
+            raise ValueError(f"setting {name!r} must be a path without NUL characters, {got}")
+        if exists and not os.path.lexists(value):
+            raise ValueError(f"setting {name!r}: {safe_text(value)} does not exist")
+    elif kind == "bool":
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        # numpy's bool is not a subclass of bool; accept it by its type rather than importing numpy here
+        numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+        if not isinstance(value, bool) and not numpy_bool:
+            raise ValueError(f"setting {name!r} must be true or false, {got}")
+        value = bool(value)
+    elif kind == "str":
+        if not isinstance(value, str):
+            raise ValueError(f"setting {name!r} must be a string, {got}")
+    else:
+        import math
+        import numbers
+
+        integral = isinstance(value, numbers.Integral)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or (kind == "int" and not integral):
+            what = "an integer" if kind == "int" else "a number"
+            raise ValueError(f"setting {name!r} must be {what}, {got}")
+        value = int(value) if kind == "int" else float(value)  # type: ignore[call-overload]
+        if kind == "number" and not math.isfinite(value):
+            raise ValueError(f"setting {name!r} must be a finite number, {got}")
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            lo = "-inf" if minimum is None else f"{minimum:g}"
+            hi = "inf" if maximum is None else f"{maximum:g}"
+            raise ValueError(f"setting {name!r} must be in [{lo}, {hi}], {got}")
+    if choices is not None and value not in choices:
+        raise ValueError(f"setting {name!r} must be one of {', '.join(map(repr, choices))}, {got}")
+    return value
 
 
 def open_regular_file(
@@ -211,12 +308,35 @@ def read_json_file(
     return loads_json(read_regular_file(path, max_bytes, what), source or f"{what} {path}")
 
 
+def _os_reason(err: OSError) -> str:
+    """``"no space left on device (ENOSPC)"``: what went wrong, with the symbolic errno."""
+    import errno
+
+    name = errno.errorcode.get(err.errno or 0, "")
+    text = (err.strerror or str(err)).lower()
+    return f"{text} ({name})" if name else text
+
+
+def _write_error(path: Path, err: OSError) -> OSError:
+    """``err`` as one line naming the destination (ENOSPC, EFBIG, EACCES, EROFS, ELOOP, ...)."""
+    out = type(err)(f"cannot write {path}: {_os_reason(err)}; earlier outputs are intact")
+    out.errno = err.errno  # kept for callers that test it; the message stays free of "[Errno N]"
+    return out
+
+
 def _make_parent(path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        blocker = next((p for p in [path.parent, *path.parent.parents] if p.exists() and not p.is_dir()), path.parent)
+        chain = [path.parent, *path.parent.parents]
+        # a symlink loop or a dangling link in the way reads as "exists" to mkdir and "absent" to exists()
+        link = next((p for p in reversed(chain) if p.is_symlink() and not p.exists()), None)
+        if link is not None:
+            raise NotADirectoryError(f"cannot write {path}: {link} is a dangling or looped symbolic link") from None
+        blocker = next((p for p in chain if p.exists() and not p.is_dir()), path.parent)
         raise NotADirectoryError(f"cannot write {path}: {blocker} is a file, not a folder") from None
+    except OSError as err:
+        raise _write_error(path, err) from None
 
 
 def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
@@ -230,11 +350,16 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
         The destination path.
 
     Raises:
-        NotADirectoryError: a file is in the way of the destination's folder (named in the message).
+        NotADirectoryError: a file, a dangling or a looped link is in the way of the destination's folder.
+        OSError: the file cannot be written (``ENOSPC``, ``EFBIG``, ``EACCES``, ``EROFS``, ``ELOOP``, ...): one
+            line naming it; the temporary file is removed and an earlier file at ``path`` is intact.
     """
     path = Path(path)
     _make_parent(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        raise _write_error(path, err) from None
     try:
         # mkstemp creates 0600 files; give the result the permissions a plain open() would
         os.fchmod(fd, 0o666 & ~_UMASK)
@@ -243,9 +368,11 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(err, OSError):
+            raise _write_error(path, err) from None
         raise
     # the rename itself is durable only once the folder entry is flushed
     try:
@@ -298,11 +425,19 @@ class OutputLock:
     blocks the next one and two runs started together cannot both take it (no read-check-write race on a
     process id). The file is removed on release; a file left behind by a killed run holds no lock.
 
+    The lock path must be a plain file of its own: a symbolic link (dangling or not), a folder, a pipe, a device or
+    a file with other hard links is refused with one line, before anything is written (the run never writes or
+    deletes through it). On release only the file this run locked is removed (same device and inode).
+
     Within one process the lock is shared: several workflows of one run (e.g. the demo's) may lock the same
     folder, and the file is removed when the last of them releases it.
 
     Args:
         folder: the output folder to lock; created when missing.
+
+    Raises:
+        RuntimeError: from :meth:`acquire`, one line naming the folder or lock path: held by another run, a lock
+            path that is not a plain file, or a folder that cannot be created or written.
 
     Example::
 
@@ -311,7 +446,7 @@ class OutputLock:
     """
 
     name = ".monai_vce.lock"
-    # lock file path -> [fd, number of OutputLock objects of this process holding it]
+    # lock file path -> [fd, number of OutputLock objects of this process holding it, st_dev, st_ino]
     _held_here: ClassVar[dict[str, list[int]]] = {}
 
     def __init__(self, folder: PathLike) -> None:
@@ -325,11 +460,63 @@ class OutputLock:
         return self._key is not None
 
     def _holder(self) -> str:
-        try:
-            pid = self.path.read_text().strip()
+        try:  # never through a link, never waiting on a pipe
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                pid = os.read(fd, 32).decode("ascii", "replace").strip()
+            finally:
+                os.close(fd)
         except OSError:
             pid = ""
         return f" (process {pid})" if pid.isdigit() else ""
+
+    def _refuse_not_a_file(self, st: os.stat_result) -> None:
+        """Raise when ``st`` (of the lock path, not followed) is anything but a plain file with a single name."""
+        import stat
+
+        path = safe_text(self.path)
+        advice = "it is not this program's lock; remove it or choose another output folder"
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                target = safe_text(os.readlink(self.path))
+            except OSError:
+                target = "?"
+            raise RuntimeError(f"lock file {path} is a symbolic link (to {target}); {advice}")
+        if stat.S_ISDIR(st.st_mode):
+            raise RuntimeError(f"lock file {path} is a folder, not a file; {advice}")
+        if not stat.S_ISREG(st.st_mode):
+            kind = "named pipe" if stat.S_ISFIFO(st.st_mode) else "socket" if stat.S_ISSOCK(st.st_mode) else "device"
+            raise RuntimeError(f"lock file {path} is a {kind}, not a file; {advice}")
+        if st.st_nlink != 1:  # another name of the same file: writing a pid would overwrite that file
+            raise RuntimeError(f"lock file {path} has {st.st_nlink} hard links (it is also another file); {advice}")
+
+    def _open(self) -> int:
+        """Open (create when missing) the lock file, never through a link and never waiting on a pipe."""
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        with contextlib.suppress(FileNotFoundError):
+            self._refuse_not_a_file(os.lstat(self.path))
+        try:
+            while True:
+                try:
+                    fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+                    break
+                except FileExistsError:  # a killed run's file, or a running holder's: flock decides
+                    with contextlib.suppress(FileNotFoundError):  # removed meanwhile by its holder: create it
+                        fd = os.open(self.path, flags)
+                        break
+        except OSError as e:
+            # a link or other non-file put there since the check above (ELOOP, EISDIR, ENXIO...)
+            with contextlib.suppress(OSError):
+                self._refuse_not_a_file(os.lstat(self.path))
+            raise RuntimeError(
+                f"output folder {safe_text(self.folder)} cannot be locked: {safe_text(self.path)}: {e.strerror or e}"
+            ) from None
+        try:
+            self._refuse_not_a_file(os.fstat(fd))
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def acquire(self) -> OutputLock:
         """Take the lock or raise ``RuntimeError`` naming the folder and the process holding it."""
@@ -340,7 +527,11 @@ class OutputLock:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
-            raise RuntimeError(f"output folder {self.folder} cannot be created: a file is in its way") from None
+            raise RuntimeError(
+                f"output folder {safe_text(self.folder)} cannot be created: a file is in its way"
+            ) from None
+        except OSError as e:
+            raise RuntimeError(f"output folder {safe_text(self.folder)} cannot be created: {e.strerror or e}") from None
         key = os.path.realpath(self.path)
         shared = self._held_here.get(key)
         if shared is not None:
@@ -348,34 +539,42 @@ class OutputLock:
             self._key = key
             return self
         while True:
-            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+            fd = self._open()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
                 raise RuntimeError(
-                    f"output folder {self.folder} is in use by another run{self._holder()}; "
+                    f"output folder {safe_text(self.folder)} is in use by another run{self._holder()}; "
                     "wait for it to finish or choose another output folder"
                 ) from None
             # the holder we waited on may have removed the file between our open and our flock: then we
             # locked an orphaned inode, and must lock the file that is now at the path instead
+            mine = os.fstat(fd)
             try:
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+                now = os.lstat(self.path)
+                same = (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino)
             except FileNotFoundError:
                 same = False
             if same:
                 break
             os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._held_here[key] = [fd, 1]
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+        except OSError as e:
+            os.close(fd)
+            raise RuntimeError(
+                f"output folder {safe_text(self.folder)} cannot be locked: {safe_text(self.path)}: {e.strerror or e}"
+            ) from None
+        self._held_here[key] = [fd, 1, mine.st_dev, mine.st_ino]
         self._key = key
         # a run that fails after acquiring (MONAI skips `finalize` on an error) still removes its lock file
         atexit.register(self.release)
         return self
 
     def release(self) -> None:
-        """Release this object's hold on the lock; the last hold in the process removes the file."""
+        """Release this object's hold on the lock; the last hold in the process removes the file it locked."""
         if self._key is None:
             return
         key, self._key = self._key, None
@@ -386,9 +585,14 @@ class OutputLock:
         if shared[1] > 0:
             return
         del self._held_here[key]
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(key)  # removed while still locked, so no other run can lock this inode meanwhile
-        os.close(shared[0])
+        fd, _, dev, ino = shared
+        # removed while still locked, so no other run can lock this inode meanwhile; only the very file this run
+        # created or took over: whatever else has been put at the path since is left alone
+        with contextlib.suppress(OSError):
+            st = os.lstat(key)
+            if (st.st_dev, st.st_ino) == (dev, ino):
+                os.unlink(key)
+        os.close(fd)
 
     def __enter__(self) -> OutputLock:
         return self.acquire()
@@ -547,7 +751,24 @@ def error_summary(exc: BaseException) -> str:
         seen.add(id(nxt))
         inner = nxt
     message = str(inner).strip()
+    worker = _worker_cause(message)
+    if worker is not None:
+        return worker
     return f"{type(inner).__name__}: {message}" if message else type(inner).__name__
+
+
+# the first exception line of a traceback's text: the innermost cause of a chain comes first
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Warning)): (.+)$", re.MULTILINE)
+
+
+def _worker_cause(message: str) -> str | None:
+    """The innermost ``"Type: message"`` of the traceback text that torch's DataLoader puts in the message of an
+    error re-raised from a worker process (``Caught RuntimeError in DataLoader worker process 0. Original
+    Traceback ...``, whose chain of causes is otherwise lost), ``None`` for any other message."""
+    if not message.startswith("Caught ") or "\nOriginal Traceback" not in message:
+        return None
+    found = _EXCEPTION_LINE.search(message.split("\nOriginal Traceback", 1)[1])
+    return f"{found.group(1).rsplit('.', 1)[-1]}: {found.group(2).strip()}" if found else None
 
 
 def report_errors_last() -> None:
@@ -565,8 +786,89 @@ def report_errors_last() -> None:
     def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
         previous(exc_type, exc, tb)
         chained = exc.__cause__ is not None or (exc.__context__ is not None and not exc.__suppress_context__)
-        if isinstance(exc, Exception) and chained:
+        if isinstance(exc, Exception) and (chained or _worker_cause(str(exc).strip()) is not None):
             print(f"error: {error_summary(exc)}", file=sys.stderr, flush=True)
 
     hook._monai_vce_errors_last = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+#: Name of the checksum record added to the zip archive of a ``torch.save`` file (``<archive>/.data/<name>``):
+#: ``torch.load`` ignores records it does not know, so MONAI's loaders and ``ckpt_export`` read sealed files as is.
+SEAL_RECORD = "monai_vce_sha256"
+
+
+def _seal_digest(archive: Any, skip: str) -> str:
+    """sha256 over every record of a zip archive but ``skip``, in name order (name, size and bytes of each)."""
+    digest = hashlib.sha256()
+    for name in sorted(n for n in archive.namelist() if n != skip):
+        digest.update(name.encode() + b"\0")
+        with archive.open(name) as f:  # zipfile checks each record's CRC-32 as it reads it
+            for block in iter(functools.partial(f.read, 1 << 20), b""):
+                digest.update(block)
+        digest.update(b"\0" + str(archive.getinfo(name).file_size).encode() + b"\0")
+    return digest.hexdigest()
+
+
+def seal_torch_bytes(data: bytes) -> bytes:
+    """The bytes of a ``torch.save`` file with a sha256 of its records (pickle and tensors) added as one more record.
+
+    :func:`check_torch_seal` recomputes it on load, so a file damaged after it was written (one flipped byte) is
+    refused instead of silently computing something else. A legacy (non-zip) file is returned unchanged.
+    """
+    if not data.startswith(b"PK"):
+        return data
+    buf = io.BytesIO(data)
+    with zipfile.ZipFile(buf, "a") as archive:
+        names = archive.namelist()
+        prefix = names[0].split("/", 1)[0] if names else "archive"
+        record = f"{prefix}/.data/{SEAL_RECORD}"
+        if record in names:  # already sealed (a file re-saved as is)
+            return data
+        archive.writestr(record, _seal_digest(archive, record))
+    return buf.getvalue()
+
+
+def check_torch_seal(path: PathLike, what: str = "file") -> bool:
+    """Check the checksum that :func:`seal_torch_bytes` put in a ``torch.save`` file.
+
+    Returns:
+        ``True`` when the file carries a checksum and it matches; ``False`` (after one logged note) when it carries
+        none: a file from elsewhere, or written before files were sealed.
+
+    Raises:
+        ValueError: the checksum does not match the content, or a record is damaged (one line naming the file).
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            if f.read(2) != b"PK":
+                raise zipfile.BadZipFile  # a legacy pickle: no place for a checksum
+            f.seek(0)
+            with zipfile.ZipFile(f) as archive:
+                names = archive.namelist()
+                record = next((n for n in names if n.endswith(f"/.data/{SEAL_RECORD}")), None)
+                if record is None:
+                    raise zipfile.BadZipFile
+                stored = archive.read(record).decode("ascii", "replace").strip()
+                actual = _seal_digest(archive, record)
+    except zipfile.BadZipFile as e:
+        if str(e).startswith("Bad CRC-32") or "Bad magic number" in str(e):
+            raise ValueError(
+                f"{what} {path} is damaged ({str(e).splitlines()[0]}); use an intact copy of the file"
+            ) from None
+        logging.getLogger("monai_vce").warning(
+            "note: %s %s carries no monai_vce checksum (written elsewhere or by an older version); "
+            "it is read without an integrity check",
+            what,
+            safe_text(str(path)),
+        )
+        return False
+    except (OSError, EOFError, zlib.error) as e:
+        raise ValueError(f"{what} {path} is damaged or unreadable ({str(e).splitlines()[0]})") from None
+    if stored != actual:
+        raise ValueError(
+            f"{what} {path} is damaged: its content does not match the checksum written with it "
+            "(a corrupted or altered copy); use an intact copy of the file"
+        )
+    return True

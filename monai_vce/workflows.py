@@ -20,22 +20,29 @@ helper                                                    home
 ``FrameInferer``                                          :mod:`monai_vce.engines.inferer`
 ``fit_temporal_stage``, ``refiner_fingerprint``,          :mod:`monai_vce.temporal.stage`
 ``refiner_inputs``
+``check_settings``                                        here (the settings' table, :data:`SETTINGS`)
 ========================================================  ==============================================
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from typing import Any
+
 from monai_vce.data.dataset_folder import check_folder, galar_datalist, galar_ground_truth, inference_datalist
+from monai_vce.data.frames import check_image_size
 from monai_vce.data.splits import video_ids
 from monai_vce.data.synthetic import ensure_mini_galar
 from monai_vce.engines.inferer import FrameInferer
 from monai_vce.events.probabilities import completed_videos, model_fingerprint, pending_frames
+from monai_vce.inference.driver import check_reduction
 from monai_vce.networks.backbone import check_backbone
 from monai_vce.postprocessing.decoder import load_decoder as decoder_params
 from monai_vce.report.evaluation import datalist_ground_truth as ground_truth
 from monai_vce.report.evaluation import evaluation_report
 from monai_vce.temporal.stage import fit_temporal_stage, refiner_fingerprint, refiner_inputs
-from monai_vce.utils import default_bundle_root, report_errors_last
+from monai_vce.utils import check_setting, default_bundle_root, report_errors_last
 
 __all__ = [
     "default_bundle_root",
@@ -57,4 +64,83 @@ __all__ = [
     "fit_temporal_stage",
     "refiner_fingerprint",
     "refiner_inputs",
+    "SETTINGS",
+    "check_settings",
 ]
+
+_PATH: tuple[str, dict[str, Any]] = ("path", {})
+_BOOL: tuple[str, dict[str, Any]] = ("bool", {})
+_COUNT: tuple[str, dict[str, Any]] = ("int", {"minimum": 1, "maximum": 1 << 20})
+
+#: the bundle's settings that :func:`check_settings` knows: ``name -> (kind, keyword arguments)`` of
+#: :func:`monai_vce.utils.check_setting`
+SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "bundle_root": _PATH,
+    "dataset_dir": _PATH,
+    "ckpt_dir": _PATH,
+    "output_dir": _PATH,
+    "probs_dir": _PATH,
+    "events_file": _PATH,
+    "model_file": _PATH,
+    "decoder_params": ("path", {"optional": True}),
+    "video_cache_dir": ("path", {"optional": True}),
+    "batch_size": _COUNT,
+    "val_batch_size": _COUNT,
+    "num_workers": ("int", {"minimum": 0, "maximum": 1024}),
+    "resume": _BOOL,
+    "progress": _BOOL,
+    "report": _BOOL,
+    "review": _BOOL,
+    "write_features": _BOOL,
+    "check_images": _BOOL,
+    "amp": _BOOL,
+    "cpu_amp": _BOOL,
+    "compile": _BOOL,
+    "amp_dtype": ("str", {"choices": ("bfloat16", "float16", "float32")}),
+    "bad_frames": ("str", {"choices": ("error", "skip")}),
+    "max_epochs": ("int", {"minimum": 1, "maximum": 1 << 20}),
+    "samples_per_epoch": ("int", {"minimum": 1, "maximum": 1 << 40}),
+    "val_interval": ("int", {"minimum": 1, "maximum": 1 << 20}),
+    "learning_rate": ("number", {"minimum": 0, "maximum": math.inf}),
+    "seed": ("int", {"minimum": 0, "maximum": 2**32 - 1}),
+}
+
+
+def check_settings(**settings: Any) -> bool:
+    """Check the bundle's settings where they enter, before the network is built or a frame is read.
+
+    The configs call it first in ``initialize``, on the settings a user overrides (``--image_size 100000``,
+    ``--output_dir 3``, ``--reduction#stride 1.9``), so that a wrong type or range ends in one line naming the
+    key instead of a ``TypeError`` deep inside, a 10 GB allocation or a silent fallback to full inference.
+
+    Args:
+        settings: ``name=value`` of settings of :data:`SETTINGS`, and ``reduction`` (the mapping of
+            :func:`monai_vce.inference.check_reduction`).
+
+    Returns:
+        ``True`` (for a config expression).
+
+    Raises:
+        ValueError: one line naming the first bad setting; also for a name this function does not know.
+
+    Example (bundle JSON)::
+
+        "initialize": ["$monai_vce.workflows.check_settings(image_size=@image_size, reduction=@reduction)"]
+    """
+    for name, value in settings.items():
+        if name == "reduction":
+            if not isinstance(value, Mapping):
+                raise ValueError(f"setting 'reduction' must be a mapping, got {type(value).__name__}")
+            unknown = sorted(set(value) - {"stride", "budget", "refine", "margin", "duplicate_tolerance", "options"})
+            if unknown:
+                raise ValueError(f"setting 'reduction' has an unknown key {unknown[0]!r}")
+            check_reduction(**value)
+        elif name == "image_size":
+            # above 8192 one frame alone, or the network's position embedding, takes gigabytes
+            check_image_size(value)
+        elif name in SETTINGS:
+            kind, kwargs = SETTINGS[name]
+            check_setting(name, value, kind, **kwargs)
+        else:
+            raise ValueError(f"check_settings: unknown setting {name!r}; known: {', '.join(SETTINGS)}, reduction")
+    return True

@@ -270,7 +270,7 @@ def test_duplicates_reuse_the_last_inferred_frame():
         ({"budget": "all"}, "budget must be an int"),
         ({"duplicate_tolerance": 2.0}, "needs the frames' signatures"),
         ({"signatures": np.zeros((3, 4))}, r"signatures must have shape \(10, D\)"),
-        ({"duplicate_tolerance": -1.0}, "duplicate_tolerance must be a number >= 0"),
+        ({"duplicate_tolerance": -1.0}, "duplicate_tolerance must be a finite number >= 0"),
         ({"interpolation": "cubic"}, "interpolation must be"),
         ({"predict": "model"}, "predict must be callable"),
     ],

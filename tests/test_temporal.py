@@ -222,7 +222,7 @@ def test_load_refuses_bad_files(tmp_path):
     buf = io.BytesIO()
     torch.save(payload, buf)
     (tmp_path / "evil.pt").write_bytes(buf.getvalue())
-    with pytest.raises(ValueError, match=r"not a torch\.nn\.Module class") as e:
+    with pytest.raises(ValueError, match=r"not a refinement network of this project") as e:
         TemporalRefiner.load(tmp_path / "evil.pt")
     assert "evil.pt" in str(e.value)
 

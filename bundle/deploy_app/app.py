@@ -12,7 +12,8 @@ Graph (Holoscan operators, run by MONAI Deploy's ``Application``)::
   network and ``postprocessing`` (sigmoid) from the bundle folder (``configs/inference.json``, ``models/model.pt``
   or ``models/model.ts``).
 * ``EventWriterOperator`` stacks the 17 probabilities of every frame and, after the last frame, decodes them with
-  the bundle's decoder (``models/decoder.json``) into the challenge's event JSON, as the bundle's inference does.
+  the bundle's decoder (``models/decoder.json``) into the challenge's event JSON, as the bundle's inference does,
+  with its frame units beside it (``events.meta.json``, :mod:`monai_vce.events.metadata`).
 
 Run it (in an environment with ``pip install "monai-vce[deploy]"``)::
 
@@ -109,12 +110,19 @@ class EventWriterOperator(Operator):
             self.write()
 
     def write(self) -> Path:
-        """Decode the collected probabilities and write ``events.json``."""
+        """Decode the collected probabilities and write ``events.json`` and its units sidecar ``events.meta.json``."""
         units = FrameUnits(self.decoder.params.get("frame_units", FrameUnits.FRAME_INDEX.value))
         frame_ids = np.asarray([f[units.value] for f in self.frames], dtype=np.int64)
         vid = str(self.frames[0]["video_id"])
         events = self.decoder(np.stack(self.probs).astype(np.float32), frame_ids, video_id=vid)
-        path = save_events(self.output_dir / "events.json", {"videos": [{"video_id": vid, "events": list(events)}]})
+        # the units sidecar (events.meta.json) as the bundle writes it: readers of the file need its frame units
+        videos = {vid: {"frames": len(frame_ids), "first": int(frame_ids.min()), "last": int(frame_ids.max())}}
+        path = save_events(
+            self.output_dir / "events.json",
+            {"videos": [{"video_id": vid, "events": list(events)}]},
+            frame_units=units,
+            videos=videos,
+        )
         logger.info(f"wrote {len(events)} events of video {vid}: {path}")
         return path
 

@@ -56,6 +56,15 @@ __all__ = ["FrameCache", "FrameCacheDataset", "CACHE_FORMAT_VERSION"]
 CACHE_FORMAT_VERSION = 1
 
 
+def _reason(err: OSError) -> str:
+    """``"no space left on the device (ENOSPC)"``: the strerror and the symbolic errno of ``err``."""
+    import errno
+
+    name = errno.errorcode.get(err.errno or 0, "")
+    text = (err.strerror or str(err)).lower()
+    return f"{text} ({name})" if name else text
+
+
 def _show_progress(progress: bool) -> bool:
     return bool(progress) and sys.stderr.isatty()
 
@@ -172,6 +181,32 @@ class FrameCache:
             raise FileNotFoundError(f"no complete frame cache for video {video_id!r} in {self.root}; build it first")
         return np.load(self.array_path(video_id), mmap_mode="r")
 
+    def open_partial(self, video_id: str, num_frames: int) -> np.memmap:
+        """A writable memory map ``(T, 3, S, S)`` of the entry under construction, its disk space allocated first.
+
+        A memory map over a sparse file dies with ``SIGBUS`` when the disk fills while it is written; the blocks
+        are therefore reserved with ``posix_fallocate`` before any frame is written.
+
+        Raises:
+            OSError: the space cannot be had (``ENOSPC``, ``EFBIG``, ...): one line naming the file; the partial
+                file is removed, finished entries are untouched.
+        """
+        partial = self.partial_path(video_id)
+        shape = (int(num_frames), 3, self.image_size, self.image_size)
+        try:
+            arr = np.lib.format.open_memmap(partial, mode="w+", dtype=np.uint8, shape=shape)
+            with open(partial, "rb+") as f:
+                os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+        except OSError as err:
+            partial.unlink(missing_ok=True)
+            out = type(err)(
+                f"cannot write frame cache file {partial} ({np.prod(shape) / 1e9:.2f} GB for video {video_id!r}): "
+                f"{_reason(err)}; finished cache entries are intact"
+            )
+            out.errno = err.errno
+            raise out from None
+        return arr
+
     # --- building ----------------------------------------------------------------------------------------
     def build(
         self,
@@ -213,7 +248,6 @@ class FrameCache:
         from tqdm.auto import tqdm
 
         self.root.mkdir(parents=True, exist_ok=True)
-        s = self.image_size
         arrays: dict[int, np.memmap] = {}
         filled = np.zeros(len(todo), dtype=np.int64)
         jobs = [(v, row, p) for v, (_, paths, _) in enumerate(todo) for row, p in enumerate(paths)]
@@ -239,9 +273,7 @@ class FrameCache:
                     sel = vnum == v
                     if v not in arrays:
                         vid, paths, _ = todo[v]
-                        arrays[v] = np.lib.format.open_memmap(
-                            self.partial_path(vid), mode="w+", dtype=np.uint8, shape=(len(paths), 3, s, s)
-                        )
+                        arrays[v] = self.open_partial(vid, len(paths))
                     arrays[v][rows[sel]] = images[sel]
                     filled[v] += int(sel.sum())
                     if filled[v] == len(todo[v][1]):

@@ -52,6 +52,7 @@ are fine and batch together):
 
 from __future__ import annotations
 
+import numbers
 import os
 import warnings
 from collections.abc import Hashable, Mapping, Sequence
@@ -66,8 +67,17 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
 from monai_vce.data.frame_checks import JPEG_SIGNATURE, PNG_SIGNATURE, check_png, decode_rgb, read_frame_bytes
+from monai_vce.utils import safe_text, short_repr
 
-__all__ = ["load_vce_frame", "resize_frame", "LoadVCEFrame", "LoadVCEFramed", "VCEPrepareBatch", "reset_frame_warnings"]
+__all__ = [
+    "check_image_size",
+    "load_vce_frame",
+    "resize_frame",
+    "LoadVCEFrame",
+    "LoadVCEFramed",
+    "VCEPrepareBatch",
+    "reset_frame_warnings",
+]
 
 # extensions of monai_vce.data.video.VIDEO_EXTENSIONS (not imported: that module imports this one)
 _VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".mpg", ".mpeg", ".wmv", ".ogv")
@@ -133,32 +143,60 @@ def load_vce_frame(
     path = os.fspath(path)
     if os.path.splitext(path)[1].lower() in _VIDEO_EXTENSIONS:
         raise ValueError(
-            f"{path} is a video file: its frames are decoded once into a frame cache and served from there "
+            f"{safe_text(path)} is a video file: its frames are decoded once into a frame cache and served from there "
             f"(monai_vce.data.VideoFrameDataset, or FrameCacheDataset), not loaded one by one"
         )
     data = _read_bytes(path)
     if not data:
-        raise ValueError(f"empty frame file (0 bytes): {path}")
+        raise ValueError(f"empty frame file (0 bytes): {safe_text(path)}")
     if data.startswith(PNG_SIGNATURE):
         # the whole file is checked (structure, every chunk's CRC, pixel count) before a decoder sees it
         depth, color = check_png(data, path, max_pixels)
         if depth == 16:
-            _warn_once("16-bit", f"16-bit PNG frame {path}: converting to 8-bit RGB (reported once per process)")
+            _warn_once(
+                "16-bit", f"16-bit PNG frame {safe_text(path)}: converting to 8-bit RGB (reported once per process)"
+            )
         if color != "rgb":
-            _warn_once(color, f"{color} PNG frame {path}: converting to 8-bit RGB (reported once per process)")
+            _warn_once(
+                color, f"{color} PNG frame {safe_text(path)}: converting to 8-bit RGB (reported once per process)"
+            )
         rgb = decode_rgb(data, path, "png", max_pixels)
     elif data.startswith(JPEG_SIGNATURE):
         if not allow_jpeg:
-            raise ValueError(f"frame {path} is a JPEG file, not a PNG (pass allow_jpeg=True to decode it anyway)")
+            raise ValueError(
+                f"frame {safe_text(path)} is a JPEG file, not a PNG (pass allow_jpeg=True to decode it anyway)"
+            )
         _warn_once(
-            "jpeg", f"frame {path} holds JPEG data under a PNG name: decoding it as JPEG (reported once per process)"
+            "jpeg",
+            f"frame {safe_text(path)} holds JPEG data under a PNG name: decoding it as JPEG (reported once per process)",
         )
         rgb = decode_rgb(data, path, "jpeg", max_pixels)
     else:
         # the content itself is never echoed: a datalist may point anywhere
-        raise ValueError(f"frame {path} is not a PNG file (its content is neither PNG nor JPEG)")
+        raise ValueError(f"frame {safe_text(path)} is not a PNG file (its content is neither PNG nor JPEG)")
     img = torch.from_numpy(rgb).permute(2, 0, 1)
     return resize_frame(_to_uint8(img), image_size, antialias)
+
+
+def check_image_size(image_size: Any, name: str = "image_size") -> list[int]:
+    """``image_size`` as ``[H, W]``: an int (a square) or two ints, each in ``[1, 8192]`` (never a bool, a float
+    or a string), checked before anything of that size is allocated.
+
+    Raises:
+        ValueError: one line naming the setting (``image_size must be one or two sides in [1, 8192] pixels, got
+            100000``).
+    """
+    sides = [image_size] if isinstance(image_size, numbers.Integral) else image_size
+    if (
+        not isinstance(sides, Sequence)
+        or isinstance(sides, (str, bytes))
+        or len(sides) not in (1, 2)
+        or not all(
+            isinstance(s, numbers.Integral) and not isinstance(s, bool) and 1 <= int(s) <= _MAX_SIDE for s in sides
+        )
+    ):
+        raise ValueError(f"{name} must be one or two sides in [1, {_MAX_SIDE}] pixels, got {short_repr(image_size)}")
+    return [int(s) for s in sides] * (3 - len(sides))
 
 
 def resize_frame(img: torch.Tensor, image_size: int | Sequence[int] | None, antialias: bool = True) -> torch.Tensor:
@@ -176,9 +214,7 @@ def resize_frame(img: torch.Tensor, image_size: int | Sequence[int] | None, anti
         The resized frame, contiguous (the input itself when the size already matches).
     """
     if image_size is not None:
-        size = [int(image_size)] * 2 if isinstance(image_size, int) else [int(s) for s in image_size]
-        if len(size) != 2 or not all(1 <= s <= _MAX_SIDE for s in size):
-            raise ValueError(f"image_size must be one or two sides in [1, {_MAX_SIDE}] pixels, got {image_size!r}")
+        size = check_image_size(image_size)
         if list(img.shape[-2:]) != size:
             img = TF.resize(img, size, interpolation=InterpolationMode.BILINEAR, antialias=antialias)
     return img.contiguous()

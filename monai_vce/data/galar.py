@@ -59,11 +59,11 @@ from monai_vce.data.frame_checks import (
     read_frame_bytes,
 )
 from monai_vce.data.frame_checks import check_pixels as _check_pixels
-from monai_vce.data.video import is_video_file, list_video_frames, probe_video, verify_video
+from monai_vce.data.video import is_video_file, list_video_frames, probe_video, verify_video, video_link_problem
 from monai_vce.events.ground_truth import ground_truth_events
 from monai_vce.events.units import MAX_FRAME_ID, FrameUnits, as_frame_units
 from monai_vce.labels import LABELS, NUM_LABELS
-from monai_vce.utils import natural_key, read_regular_file, short_repr
+from monai_vce.utils import natural_key, read_regular_file, safe_text, short_repr
 
 __all__ = [
     "FRAME_FILE_PATTERN",
@@ -171,6 +171,8 @@ def discover_videos(frames_dir: PathLike) -> dict[str, Path]:
     root = Path(frames_dir)
     if root.is_file() and is_video_file(root):
         return {root.stem: root}
+    if is_video_file(root) and (problem := video_link_problem(root)):  # named explicitly: an error, not "no folder"
+        raise FileNotFoundError(problem)
     if not root.is_dir():
         raise FileNotFoundError(f"frames folder not found: {root}")
     if _has_frames(root):
@@ -187,12 +189,21 @@ def discover_videos(frames_dir: PathLike) -> dict[str, Path]:
         # a video folder, or an exam stored as one video file (monai_vce.data.video)
         return not p.name.startswith((".", "__")) and (p.is_dir() or (is_video_file(p) and p.is_file()))
 
+    def is_video_reported(p: Path) -> bool:
+        if is_video(p):
+            return True
+        if is_video_file(p) and not p.name.startswith((".", "__")) and (problem := video_link_problem(p)):
+            warnings.warn(
+                f"{safe_text(problem)}: skipped", stacklevel=3
+            )  # a link that leads nowhere is never skipped silently
+        return False
+
     for child in sorted(root.iterdir(), key=lambda p: natural_key(p.name)):
-        if not is_video(child):
+        if not is_video_reported(child):
             continue
         if child.is_dir() and CONTAINER_DIR_PATTERN.match(child.name):
             for sub in sorted(child.iterdir(), key=lambda p: natural_key(p.name)):
-                if is_video(sub):
+                if is_video_reported(sub):
                     add(sub)
         else:
             add(child)
@@ -220,7 +231,7 @@ def list_frames(video_dir: PathLike) -> tuple[np.ndarray, list[str], list[tuple[
     numbers, paths, duplicates, broken = _list_frames(video_dir)
     if broken:
         warnings.warn(
-            f"video folder {video_dir}: {len(broken)} frame files are broken links (skipped), e.g. {broken[:_EXAMPLES]}",
+            f"video folder {safe_text(video_dir)}: {len(broken)} frame files are broken links (skipped), e.g. {broken[:_EXAMPLES]}",
             stacklevel=2,
         )
     return numbers, paths, duplicates
@@ -239,7 +250,11 @@ def _list_frames(video_dir: PathLike) -> tuple[np.ndarray, list[str], list[tuple
     with os.scandir(folder) as it:
         for e in it:
             if FRAME_FILE_PATTERN.match(e.name):
-                if e.is_file():
+                try:
+                    is_file = e.is_file()
+                except OSError:  # ELOOP: a link in a loop of links, which leads to no file, like a dangling one
+                    is_file = False
+                if is_file:
                     names.append(e.name)
                 elif e.is_symlink() and not os.path.exists(e.path):
                     broken.append(e.name)
@@ -711,6 +726,7 @@ def _raise_or_warn(report: GalarReport, strict: bool, source: str) -> None:
         return
     if strict:
         raise ValueError(f"{source}: inconsistent frames and labels (strict=True):\n  " + "\n  ".join(msgs))
+    msgs = [safe_text(m) for m in msgs]  # one line each: a name holding a newline cannot forge a log line
     for m in msgs:
         logger.warning(m)
     shown = msgs[:_EXAMPLES]

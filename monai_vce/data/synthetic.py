@@ -7,6 +7,7 @@
     DIR/labels/<video_id>.csv                index, label columns (the 17 plus "bubbles" and "dirt"), frame
     DIR/metadata.csv                         video_id, capsule, source_video, frame_rule
     DIR/ground_truth.json                    challenge event JSON in index units (written last)
+    DIR/.monai_vce_manifest.json             the files it wrote (each listed before it is written)
 
 Label timelines. Each video takes the timeline of one real Galar video from ``galar_events.json`` (the
 published ground truth of the 80 videos): videos are drawn in a seed-dependent order, greedily preferring
@@ -25,10 +26,12 @@ files.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -49,7 +52,15 @@ from monai_vce.events.runs import value_runs
 from monai_vce.events.units import FrameUnits
 from monai_vce.events.validation import load_events, save_events
 from monai_vce.labels import LABELS, NUM_LABELS, PATHOLOGY, SECTIONS
-from monai_vce.utils import OutputLock, atomic_write_text, natural_key
+from monai_vce.utils import (
+    OutputLock,
+    atomic_write_json,
+    atomic_write_text,
+    natural_key,
+    read_json_file,
+    safe_text,
+    short_repr,
+)
 
 __all__ = [
     "EVENTS_ENV",
@@ -83,7 +94,10 @@ _CSV_LABELS: tuple[str, ...] = (
     "dirt",
     *sorted(PATHOLOGY, reverse=True),
 )
-_MARKER = ".mini_galar"
+_MARKER = ".mini_galar"  # a generator of before the manifest marked its folders with it
+#: The generator's record of the files it wrote in its output folder: a rerun replaces only those.
+MANIFEST = ".monai_vce_manifest.json"
+_WRITER = "monai_vce.data.synthetic"
 #: Video file formats the generator can write (``video_format``).
 _VIDEO_FORMATS: tuple[str, ...] = ("mp4", "avi", "mkv", "webm")
 _N_SEC = len(SECTIONS)
@@ -310,28 +324,96 @@ def builtin_timeline(n_frames: int, rng: np.random.Generator, min_event_frames: 
     return out
 
 
-def _is_mini_galar(folder: Path) -> bool:
-    return (folder / _MARKER).is_file() or all(
-        (folder / n).exists() for n in ("frames", "labels", "metadata.csv", "ground_truth.json")
-    )
+# what a generator of before the manifest wrote (its folders carry the marker file): refuses anything else there
+_LEGACY_FILES = re.compile(
+    r"(\.mini_galar|metadata\.csv|ground_truth(\.meta)?\.json|labels/[^/]+\.csv"
+    r"|frames/[^/]+/frame_(\d{6}\.PNG|\d{7}\.png)|frames/[^/]+\.(mp4|avi|mkv|webm))"
+)
+
+
+def _leftover(rel: str, owned: set[str]) -> bool:
+    """Whether ``rel`` is the temporary file of an owned file left by a killed write (``.<name>.*.tmp|partial``)."""
+    head, _, name = rel.rpartition("/")
+    if not name.startswith(".") or not (name.endswith(".tmp") or ".partial." in name):
+        return False
+    stem = name[1:]
+    return any(f"{head}/{stem[:i]}".lstrip("/") in owned for i in range(1, len(stem)) if stem[i] == ".")
+
+
+def _read_manifest(out: Path) -> set[str] | None:
+    """The files the generator recorded in ``out`` (relative paths), or ``None`` when it has no manifest."""
+    path = out / MANIFEST
+    if not os.path.lexists(path):
+        return None
+    obj = read_json_file(path, max_bytes=512 * 1024**2, what="generator manifest")
+    files = obj.get("files") if isinstance(obj, dict) else None
+    if not (isinstance(obj, dict) and obj.get("writer") == _WRITER and isinstance(files, list)):
+        raise ValueError(f"{path} is not a manifest of {_WRITER}; choose an empty or new folder")
+    for rel in files:
+        parts = rel.split("/") if isinstance(rel, str) else [".."]
+        if rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\\" in rel:
+            raise ValueError(f"{path} lists {short_repr(rel)}, not a path inside {out}; choose an empty or new folder")
+    return set(files)
+
+
+def _owned_files(out: Path) -> set[str]:
+    """Check that ``out`` holds only what the generator wrote there and return those files (relative paths).
+
+    What it wrote is what its manifest lists; a folder of a generator of before the manifest (marker file
+    ``.mini_galar``) may hold the files of the mini-Galar layout. The output lock, the manifest and the temporary
+    files of a killed write of an owned file count as its own too.
+
+    Raises:
+        FileExistsError: one line naming the first file (or link, or anything else) it did not write.
+    """
+    manifest = _read_manifest(out)
+    legacy = manifest is None and (out / _MARKER).is_file() and not (out / _MARKER).is_symlink()
+    owned = manifest if manifest is not None else set()
+    found: set[str] = set()
+    for root, dirs, files in os.walk(out):
+        top = Path(root).relative_to(out).as_posix()
+        for name in sorted(files) + sorted(d for d in dirs if os.path.islink(os.path.join(root, d))):
+            found.add(name if top == "." else f"{top}/{name}")
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]  # never walk into a link
+    if legacy:
+        owned = {rel for rel in found if _LEGACY_FILES.fullmatch(rel)}
+    mine = {OutputLock.name, MANIFEST} | owned
+    for rel in sorted(found, key=natural_key):
+        if rel not in mine and not _leftover(rel, mine):
+            how = (
+                f"not in the manifest {MANIFEST} of an earlier generation"
+                if manifest is not None or legacy
+                else f"the folder is not empty and holds no manifest {MANIFEST}"
+            )
+            raise FileExistsError(
+                f"output folder {safe_text(out)} holds {safe_text(rel)}, which the generator did not write ({how}); "
+                "move it away or choose an empty or new folder"
+            )
+    return owned | {rel for rel in found if _leftover(rel, mine)} | ({_MARKER} if legacy else set())
 
 
 def _prepare_out(out: Path) -> None:
+    """Remove an earlier generation in ``out``, file by file, after checking that the folder holds nothing else."""
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"output path {out} exists and is not a folder")
-    if out.is_dir() and any(p.name != OutputLock.name for p in out.iterdir()):
-        if not _is_mini_galar(out):
-            raise FileExistsError(
-                f"output folder {out} is not empty and does not hold a generated mini-Galar; "
-                f"choose an empty or new folder"
-            )
-        # a previous mini-Galar: replace it entirely so no stale frames or videos remain
-        for name in ("ground_truth.json", events_meta_path("ground_truth.json").name, "metadata.csv", _MARKER):
-            (out / name).unlink(missing_ok=True)
-        for name in ("frames", "labels"):
-            if (out / name).is_dir():
-                shutil.rmtree(out / name)
     out.mkdir(parents=True, exist_ok=True)
+    owned = _owned_files(out)
+    # a previous mini-Galar is replaced entirely so no stale frames or videos remain; ground_truth.json, which marks
+    # a complete dataset, goes first; the manifest still lists every file until they are all gone
+    folders: set[Path] = set()
+    for rel in sorted(owned, key=lambda r: (r != "ground_truth.json", r)):
+        path = out / rel
+        path.unlink(missing_ok=True)  # a link is removed, never what it points to
+        folders.update(p for p in path.parents if out in p.parents)
+    for folder in sorted(folders, key=lambda p: -len(p.parts)):  # only folders that held its files, when empty
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    (out / MANIFEST).unlink(missing_ok=True)
+
+
+def _record(out: Path, files: list[str]) -> None:
+    """Write the manifest: the files written (or about to be) by this generation, before they are written."""
+    atomic_write_json(out / MANIFEST, {"writer": _WRITER, "files": sorted(files, key=natural_key)}, indent=None)
 
 
 def _csv_text(index: np.ndarray, frame: np.ndarray, labels: np.ndarray, extras: dict[str, np.ndarray]) -> str:
@@ -360,8 +442,9 @@ def generate_mini_galar(
     """Generate a mini-Galar dataset in the Galar layout.
 
     Args:
-        out_dir: output folder; created, or replaced when it holds a previous mini-Galar (any other
-            non-empty folder is refused).
+        out_dir: output folder; created, or replaced when it holds a previous mini-Galar: only the files listed in
+            its manifest ``.monai_vce_manifest.json`` are removed, and a folder holding any other file is refused
+            with one line naming it.
         videos: number of videos N.
         frames_per_video: frames per video M (label rows = images = M).
         size: image side S in pixels (at least 8).
@@ -424,7 +507,8 @@ def generate_mini_galar(
     # the lock first: a second generation into a folder in use is refused before anything there is touched
     with OutputLock(out):
         _prepare_out(out)
-        (out / _MARKER).write_text("generated by monai_vce.data.synthetic\n")
+        written: list[str] = []  # every file is in the manifest before it is written
+        _record(out, written)
         gt_videos, meta_rows = [], []
         bar = tqdm(
             total=videos,
@@ -454,6 +538,13 @@ def generate_mini_galar(
             else:
                 frame = index.copy()
                 rule = "frame = index"
+            name = "frame_{:07d}.png" if challenge else "frame_{:06d}.PNG"
+            if video_format is not None:
+                written.append(f"frames/{vid}.{video_format}")
+            else:
+                written.extend(f"frames/{vid}/{name.format(int(f))}" for f in frame)
+            written.append(f"labels/{vid}.csv")
+            _record(out, written)
             nuisances = FrameNuisances(frames_per_video, rng)
             chunks = iter_render_video(labels, size, rng, capsule, nuisances)
             if video_format is not None:
@@ -462,7 +553,6 @@ def generate_mini_galar(
             else:
                 folder = out / "frames" / vid
                 folder.mkdir(parents=True, exist_ok=True)
-                name = "frame_{:07d}.png" if challenge else "frame_{:06d}.PNG"
                 for start, images in chunks:
                     for j, im in enumerate(images):
                         buf = io.BytesIO()
@@ -480,6 +570,8 @@ def generate_mini_galar(
         csv.writer(meta, lineterminator="\n").writerows(
             [["video_id", "capsule", "source_video", "frame_rule"], *meta_rows]
         )
+        written += ["metadata.csv", "ground_truth.json", events_meta_path("ground_truth.json").name]
+        _record(out, written)
         atomic_write_text(out / "metadata.csv", meta.getvalue())
         save_events(out / "ground_truth.json", {"videos": gt_videos}, frame_units=FrameUnits.FRAME_INDEX)
     return out
@@ -503,11 +595,15 @@ def ensure_mini_galar(
     if (out / "ground_truth.json").is_file():
         return str(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if out.is_dir():
+        _owned_files(out)  # an incomplete earlier generation is replaced; a folder of other files is refused now
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         generate_mini_galar(tmp, videos=videos, frames_per_video=frames_per_video, size=size, seed=seed, **kwargs)
-        if out.exists():
-            shutil.rmtree(out)
+        if out.is_dir():
+            with OutputLock(out):
+                _prepare_out(out)  # only what an earlier generation wrote, checked again
+            out.rmdir()
         os.replace(tmp, out)
     finally:
         if tmp.exists():

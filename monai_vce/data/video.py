@@ -18,23 +18,32 @@ every finished one, so resumed runs never decode a finished video again.
 
 Decoding uses PyAV (FFmpeg's libraries; ``pip install "monai-vce[video]"``), imported only when a video is
 opened; this module imports neither torch nor MONAI until frames are decoded. A corrupt or truncated file raises a one-line ``ValueError`` naming the file and its last good frame.
+
+Frames are counted and served as a player shows them: the count is the number of frames the file decodes to
+(:func:`count_video_frames`, like ``ffprobe -count_frames``), never the container's duration or index, so
+variable-frame-rate and edit-list files are read whole; a warning names both numbers when the container says
+otherwise, and a file that decodes to fewer frames than its index lists (beyond :data:`MISSING_FRAMES_TOLERANCE`)
+is refused with both counts. Rotation metadata (90/180/270 degrees) is applied to the decoded frames. File names
+in messages are escaped (:func:`monai_vce.utils.safe_text`), so a name cannot forge a log line.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
+import warnings
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from monai_vce.data.frame_checks import MAX_FRAME_PIXELS, check_pixels
-from monai_vce.utils import atomic_write_json
+from monai_vce.utils import atomic_write_json, safe_text
 
 if TYPE_CHECKING:
     from monai_vce.data.frame_cache import FrameCache
@@ -45,6 +54,8 @@ __all__ = [
     "is_video_file",
     "require_av",
     "probe_video",
+    "count_video_frames",
+    "video_link_problem",
     "list_video_frames",
     "iter_video_frames",
     "verify_video",
@@ -73,6 +84,10 @@ VIDEO_EXTENSIONS: tuple[str, ...] = (
 )
 _INSTALL_HINT = "pip install 'monai-vce[video]'"
 
+#: Largest share of the frames listed by a video's index that may fail to decode before the file is refused as
+#: damaged (a codec's hidden frames, e.g. VP8 alt-ref, are packets without a picture); a video missing 2 % fails.
+MISSING_FRAMES_TOLERANCE = 0.005
+
 
 def is_video_file(path: PathLike) -> bool:
     """Whether ``path`` names a video file by its extension (see :data:`VIDEO_EXTENSIONS`); no file access."""
@@ -100,11 +115,17 @@ class VideoInfo:
 
     Attributes:
         path: the file.
-        num_frames: number of frames (from the container's frame count, else by counting packets).
+        num_frames: number of frames: the ones its index lists (:func:`probe_video`: the non-empty packets that
+            are not discarded by an edit list), or the ones it decodes to (:func:`count_video_frames`).
         fps: average frame rate, ``None`` when the container does not give one.
-        width: frame width in pixels.
-        height: frame height in pixels.
+        width: frame width in pixels, as stored (before ``rotation``).
+        height: frame height in pixels, as stored.
         codec: the decoder's name.
+        rotation: counter-clockwise degrees (0, 90, 180, 270) the frames are turned to be shown as a player shows
+            them (the display matrix of the file); known once a frame is decoded, else 0.
+        duration_frames: frames the container's duration says at ``fps``, ``None`` when it gives no duration.
+        duration: the video's duration in seconds (its stream's, else the container's when it holds only video),
+            ``None`` when not known.
     """
 
     path: str
@@ -113,39 +134,57 @@ class VideoInfo:
     width: int
     height: int
     codec: str
+    rotation: int = 0
+    duration_frames: int | None = None
+    duration: float | None = None
+
+
+def video_link_problem(path: PathLike) -> str | None:
+    """Why ``path`` cannot be read as a file because of a symbolic link (dangling, or a loop), else ``None``."""
+    path = os.fspath(path)
+    try:
+        os.stat(path)
+    except OSError as e:
+        if os.path.islink(path) or e.errno == errno.ELOOP:
+            if e.errno == errno.ELOOP:
+                return f"video file {safe_text(path)} is a symbolic link loop"
+            return f"video file {safe_text(path)} is a dangling symbolic link (to {safe_text(os.readlink(path))})"
+    return None
 
 
 def _open(path: PathLike) -> Any:
     av = require_av()
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"video file not found: {path}")
+        problem = video_link_problem(path)
+        raise FileNotFoundError(problem or f"video file not found: {safe_text(path)}")
     try:
         container = av.open(path)
     except Exception as e:  # FFmpeg's errors all derive from av.FFmpegError, itself an OSError/ValueError mix
-        raise ValueError(f"cannot open video file {path}: {_reason(e)}") from None
+        raise ValueError(f"cannot open video file {safe_text(path)}: {_reason(e)}") from None
     if not container.streams.video:
         container.close()
-        raise ValueError(f"video file {path} has no video stream")
+        raise ValueError(f"video file {safe_text(path)} has no video stream")
     return container
 
 
 def _reason(e: Exception) -> str:
-    return (str(e).strip() or type(e).__name__).splitlines()[-1]
+    return safe_text((str(e).strip() or type(e).__name__).splitlines()[-1])
 
 
 def probe_video(path: PathLike) -> VideoInfo:
     """Read a video file's frame count, frame rate and size without decoding it.
 
     The frame count is the container's (``nb_frames``) when it records one, else the number of non-empty
-    packets of the video stream (demuxing only). Decoding checks it: a video that decodes to fewer frames is
-    reported as corrupt or truncated.
+    packets of the video stream (demuxing only). It is what the file *says*: :func:`count_video_frames` gives the
+    frames it decodes to, which the datalists and caches use.
 
     Raises:
         ImportError: PyAV is not installed.
-        FileNotFoundError: the file does not exist.
+        FileNotFoundError: the file does not exist, or is a dangling or looped link.
         ValueError: the file cannot be opened as a video, has no video stream or no frame.
     """
+    name = safe_text(path)
     with _open(path) as container:
         stream = container.streams.video[0]
         rate = stream.average_rate or stream.guessed_rate
@@ -158,35 +197,135 @@ def probe_video(path: PathLike) -> VideoInfo:
                     n += 1 if packet.size else 0
             except Exception as e:
                 raise ValueError(
-                    f"corrupt or truncated video file {path}: unreadable after frame {n - 1} (last good frame; "
+                    f"corrupt or truncated video file {name}: unreadable after frame {n - 1} (last good frame; "
                     f"{_reason(e)})"
                 ) from None
-            # containers without a frame count (Matroska, WebM, AVI) still record their duration: a file that
-            # holds clearly fewer frames than its duration says was cut short
-            listed = round(container.duration / 1e6 * fps) if container.duration and fps else 0
-            if n < 0.98 * listed - 2:
-                raise ValueError(
-                    f"corrupt or truncated video file {path}: it holds {n} frames but its duration says about "
-                    f"{listed} (last good frame {n - 1})"
-                )
+        # not a refusal: variable-frame-rate files disagree with it; count_video_frames warns instead. The
+        # stream's own duration when it has one (an audio track may outlast the video)
+        seconds = float(stream.duration * stream.time_base) if stream.duration and stream.time_base else None
+        if not seconds and container.duration and all(s.type == "video" for s in container.streams):
+            seconds = container.duration / 1e6
+        duration = round(seconds * fps) if seconds and fps else None
         ctx = stream.codec_context
-        info = VideoInfo(os.fspath(path), n, fps, int(ctx.width or 0), int(ctx.height or 0), str(ctx.name))
+        info = VideoInfo(
+            os.fspath(path), n, fps, int(ctx.width or 0), int(ctx.height or 0), str(ctx.name), 0, duration, seconds
+        )
     if info.width and info.height:  # a frame size no capsule has: refused before any frame is decoded
-        check_pixels(info.width, info.height, f"of video file {path}")
+        check_pixels(info.width, info.height, f"of video file {name}")
     if info.num_frames <= 0:
-        raise ValueError(f"video file {path} contains no frame")
+        raise ValueError(f"video file {name} contains no frame")
     return info
+
+
+# (file identity) -> (decoded info, warning): one counting pass per file and process, the warning given each time
+_COUNTED: dict[tuple, tuple[VideoInfo, str | None]] = {}
+_COUNTED_LOCK = threading.Lock()
+
+
+def count_video_frames(path: PathLike) -> VideoInfo:
+    """Count a video file's frames by decoding it, as a player (or ``ffprobe -count_frames``) does.
+
+    One pass over the file (decoding only, no colour conversion), remembered per file content for the process.
+    Warns, naming both numbers, when the container's frame count or its duration at its frame rate disagrees
+    with the decoded count (variable frame rate, an edit list, or frames missing from the file), with the first
+    timestamp jump when there is one.
+
+    Returns:
+        The :func:`probe_video` info with ``num_frames`` the decoded count and ``rotation`` the file's.
+
+    Raises:
+        ValueError: the file is corrupt or truncated (naming the last good frame), decodes to no frame, or decodes
+            to fewer frames than its index lists by more than :data:`MISSING_FRAMES_TOLERANCE` (both counts).
+    """
+    info = probe_video(path)
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    with _COUNTED_LOCK:
+        known = _COUNTED.get(key)
+    if known is not None:
+        if known[1]:
+            warnings.warn(known[1], stacklevel=2)
+        return replace(known[0], path=os.fspath(path))
+    name = safe_text(path)
+    listed = decoded = 0
+    rotation = 0
+    jumps: list[int] = []
+    first_pts: int | None = None
+    last_pts: int | None = None
+    step: int | None = None
+    with _open(path) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        time_base = float(stream.time_base or 0)
+        try:
+            for packet in container.demux(stream):
+                # packets an edit list cuts are demuxed but never shown: not part of the index a player plays
+                if packet.size and not packet.is_discard:
+                    listed += 1
+                for frame in packet.decode():
+                    if decoded == 0:
+                        rotation = (round(float(getattr(frame, "rotation", 0) or 0) / 90) % 4) * 90
+                    if frame.pts is not None:
+                        first_pts = frame.pts if first_pts is None else first_pts
+                        if last_pts is not None and frame.pts > last_pts:
+                            delta = frame.pts - last_pts
+                            step = delta if step is None else min(step, delta)
+                            if delta * 2 > step * 3:
+                                jumps.append(decoded - 1)
+                        last_pts = frame.pts
+                    decoded += 1
+        except Exception as e:
+            last = f"frame {decoded - 1}" if decoded else "no frame"
+            raise ValueError(
+                f"corrupt or truncated video file {name}: decoding failed after {last} (last good frame; {_reason(e)})"
+            ) from None
+    if decoded <= 0:
+        raise ValueError(f"video file {name} contains no frame (its index lists {listed})")
+    if listed - decoded > MISSING_FRAMES_TOLERANCE * listed:
+        raise ValueError(
+            f"damaged video file {name}: it decodes to {decoded} frames but its index lists {listed} "
+            f"({listed - decoded} missing, {100 * (listed - decoded) / listed:.1f} %)"
+        )
+    if info.duration and time_base and first_pts is not None and last_pts is not None:
+        # a file cut short still carries the duration of the whole video in its header, where a
+        # variable-frame-rate file's frames span the whole duration
+        span = (last_pts - first_pts + (step or 0)) * time_base
+        frame_time = (step or 0) * time_base or (1 / info.fps if info.fps else 0)
+        if info.duration - span > max(2 * frame_time, 0.01 * info.duration):
+            raise ValueError(
+                f"corrupt or truncated video file {name}: its {decoded} frames end at {span:.2f} s but its duration "
+                f"is {info.duration:.2f} s (last good frame: {decoded - 1})"
+            )
+    says = []
+    note = None
+    if info.num_frames != decoded:
+        says.append(f"its container lists {info.num_frames} frames")
+    # one frame off already tells: a Matroska file missing a few frames has no other sign of it
+    if info.duration and info.fps and abs(info.duration * info.fps - decoded) > 0.75:
+        says.append(f"its duration at {info.fps:g} frames/s says about {info.duration_frames}")
+    if says:
+        jump = f"; its timestamps jump {len(jumps)} times, first after decoded frame {jumps[0]}" if jumps else ""
+        note = (
+            f"video file {name} decodes to {decoded} frames, but {' and '.join(says)} (variable frame rate, an edit "
+            f"list, or frames missing from the file{jump}); the {decoded} decoded frames are used"
+        )
+        warnings.warn(note, stacklevel=2)
+    out = replace(info, num_frames=decoded, rotation=rotation)
+    with _COUNTED_LOCK:
+        _COUNTED[key] = (out, note)
+    return out
 
 
 def list_video_frames(path: PathLike) -> tuple[np.ndarray, list[str], list[tuple[int, list[str]]]]:
     """The frames of a video file in the form of :func:`monai_vce.data.galar.list_frames`.
 
     Returns:
-        ``(numbers, paths, duplicates)``: the decoded positions ``0..T-1``, the video file repeated ``T`` times
-        (one datalist ``image`` per frame) and no duplicates.
+        ``(numbers, paths, duplicates)``: the decoded positions ``0..T-1`` (``T`` counted by decoding, see
+        :func:`count_video_frames`), the video file repeated ``T`` times (one datalist ``image`` per frame) and no
+        duplicates.
     """
-    info = probe_video(path)
-    return np.arange(info.num_frames, dtype=np.int64), [os.fspath(path)] * info.num_frames, []
+    n = count_video_frames(path).num_frames
+    return np.arange(n, dtype=np.int64), [os.fspath(path)] * n, []
 
 
 def iter_video_frames(
@@ -222,6 +361,7 @@ def iter_video_frames(
     from monai_vce.data.frames import resize_frame
 
     path = os.fspath(path)
+    name = safe_text(path)
     buf: list[np.ndarray] = []
     start = 0
     done = 0
@@ -245,12 +385,14 @@ def iter_video_frames(
                 break
             except Exception as e:
                 raise ValueError(
-                    f"corrupt or truncated video file {path}: decoding failed after {last_good()} "
+                    f"corrupt or truncated video file {name}: decoding failed after {last_good()} "
                     f"(last good frame; {_reason(e)})"
                 ) from None
             if done == 0 or frame.width * frame.height > limit:
-                check_pixels(frame.width, frame.height, f"{done} of video file {path}")
-            buf.append(frame.to_ndarray(format="rgb24"))
+                check_pixels(frame.width, frame.height, f"{done} of video file {name}")
+            rgb = frame.to_ndarray(format="rgb24")
+            turns = round(float(getattr(frame, "rotation", 0) or 0) / 90) % 4
+            buf.append(np.rot90(rgb, turns) if turns else rgb)  # as a player shows it (display matrix)
             done += 1
             if len(buf) == chunk:
                 yield start, flush()
@@ -259,21 +401,19 @@ def iter_video_frames(
         yield start, flush()
     if expected is not None and done < expected:
         raise ValueError(
-            f"corrupt or truncated video file {path}: {done} frames decoded, the container lists {expected} "
+            f"corrupt or truncated video file {name}: {done} frames decoded, the container lists {expected} "
             f"(last good frame: {last_good().removeprefix('frame ')})"
         )
 
 
 def verify_video(path: PathLike) -> int:
-    """Decode a whole video file (no resize) to check it; returns its number of frames.
+    """Decode a whole video file to check it (:func:`count_video_frames`); returns its number of frames.
 
     Raises:
-        ValueError: naming the file and the last good frame when it is corrupt or truncated.
+        ValueError: naming the file and the last good frame when it is corrupt or truncated, or both counts when
+            it decodes to fewer frames than its index lists.
     """
-    info = probe_video(path)
-    for _ in iter_video_frames(path, expected=info.num_frames):
-        pass
-    return info.num_frames
+    return count_video_frames(path).num_frames
 
 
 def write_video(
@@ -386,7 +526,7 @@ def build_video_entries(
     if not todo:
         return
     cache.root.mkdir(parents=True, exist_ok=True)
-    infos = [probe_video(path) for _, path in todo]
+    infos = [count_video_frames(path) for _, path in todo]  # the decoded count, as a player shows the video
     s = cache.image_size
     bar = tqdm(
         total=sum(i.num_frames for i in infos),
@@ -403,7 +543,7 @@ def build_video_entries(
         info = infos[k]
         cache.manifest_path(vid).unlink(missing_ok=True)  # a stale manifest never vouches for a rebuilt array
         partial = cache.partial_path(vid)
-        arr = np.lib.format.open_memmap(partial, mode="w+", dtype=np.uint8, shape=(info.num_frames, 3, s, s))
+        arr = cache.open_partial(vid, info.num_frames)  # disk space reserved first: a full disk is an OSError
         try:
             for first, frames in iter_video_frames(path, s, chunk=chunk, expected=info.num_frames):
                 if stop.is_set():
@@ -417,7 +557,7 @@ def build_video_entries(
                 os.fsync(f.fileno())
             os.replace(partial, cache.array_path(vid))
 
-            atomic_write_json(cache.manifest_path(vid), _video_manifest(cache, vid, info.num_frames, path))
+            atomic_write_json(cache.manifest_path(vid), _video_manifest(cache, vid, info.num_frames, path, info))
         except BaseException:
             stop.set()
             partial.unlink(missing_ok=True)
@@ -436,16 +576,22 @@ def build_video_entries(
         bar.close()
 
 
-def _video_manifest(cache: FrameCache, video_id: str, num_frames: int, path: PathLike) -> dict[str, Any]:
+def _video_manifest(
+    cache: FrameCache, video_id: str, num_frames: int, path: PathLike, info: VideoInfo | None = None
+) -> dict[str, Any]:
+    """The manifest of a video's cache entry; ``info`` adds what a reader of the video needs (frame rate, rotation)."""
     from monai_vce.data.frame_cache import CACHE_FORMAT_VERSION
 
-    return {
+    out: dict[str, Any] = {
         "format_version": CACHE_FORMAT_VERSION,
         "video_id": video_id,
         "image_size": cache.image_size,
         "num_frames": int(num_frames),
         "source": video_source(path),
     }
+    if info is not None:
+        out.update(fps=info.fps, rotation=info.rotation)
+    return out
 
 
 def video_entry_complete(cache: FrameCache, video_id: str, path: PathLike, frames_needed: int = 0) -> bool:
@@ -459,7 +605,8 @@ def video_entry_complete(cache: FrameCache, video_id: str, path: PathLike, frame
         num = int(manifest["num_frames"])
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    if manifest != _video_manifest(cache, video_id, num, path) or num < frames_needed:
+    expected = _video_manifest(cache, video_id, num, path)  # the identity; the frame rate etc. are information
+    if not isinstance(manifest, dict) or {k: manifest.get(k) for k in expected} != expected or num < frames_needed:
         return False
     try:
         arr = np.load(apath, mmap_mode="r")
@@ -484,7 +631,7 @@ def video_files(data: Sequence[Mapping[Hashable, Any]], image_key: str) -> dict[
             ) from None
         path, need = out.get(vid, (os.fspath(image), 0))
         if path != os.fspath(image):
-            raise ValueError(f"video {vid!r} names two video files: {path} and {image}")
+            raise ValueError(f"video {vid!r} names two video files: {safe_text(path)} and {safe_text(image)}")
         out[vid] = (path, max(need, row + 1))
     return out
 
@@ -507,5 +654,7 @@ def ensure_video_entries(
     for vid, (path, need) in videos.items():
         num = int(json.loads(cache.manifest_path(vid).read_text())["num_frames"])
         if need > num:
-            raise ValueError(f"datalist asks for frame {need - 1} of video file {path}, which decodes to {num} frames")
+            raise ValueError(
+                f"datalist asks for frame {need - 1} of video file {safe_text(path)}, which decodes to {num} frames"
+            )
     return {vid: path for vid, (path, _) in videos.items()}

@@ -32,7 +32,7 @@ from monai.handlers import CheckpointLoader, CheckpointSaver
 from monai.utils import IgniteInfo, min_version, optional_import
 
 from monai_vce.networks.backbone import check_weight_dtypes, read_torch_file
-from monai_vce.utils import atomic_write_bytes
+from monai_vce.utils import atomic_write_bytes, seal_torch_bytes
 
 idist, _ = optional_import("ignite", IgniteInfo.OPT_IMPORT_VERSION, min_version, "distributed")
 BaseSaveHandler, _ = optional_import(
@@ -83,7 +83,8 @@ class AtomicDiskSaver(DiskSaver):
             return
         buf = io.BytesIO()
         torch.save(checkpoint, buf)
-        atomic_write_bytes(self.dirname / (self.filename or filename), buf.getvalue())
+        # sealed with a checksum of its records, checked by VCECheckpointLoader (torch.load ignores the record)
+        atomic_write_bytes(self.dirname / (self.filename or filename), seal_torch_bytes(buf.getvalue()))
 
     def remove(self, filename: str) -> None:
         # a fixed name is replaced atomically by the save that follows: deleting it first would leave a
@@ -173,7 +174,8 @@ class VCECheckpointLoader(CheckpointLoader):
         super().__init__(load_path=load_path, load_dict=_stateful(load_dict), **kwargs)
 
     def check(self) -> None:
-        """Check the file before MONAI loads it: readable by ``torch.load(weights_only=True)``, and floating-point
+        """Check the file before MONAI loads it: its checksum when it carries one (every checkpoint this project writes
+        does), readable by ``torch.load(weights_only=True)``, and floating-point
         values wherever the network has floating-point weights (an int8 or bool ``model.pt`` would otherwise load
         silently and compute nonsense).
 
@@ -206,7 +208,7 @@ class VCECheckpointLoader(CheckpointLoader):
 
     def _class_counts(self) -> tuple[int, int] | None:
         """(classes of the checkpoint, classes of the network), from the tensors sized by the class count."""
-        checkpoint = read_torch_file(self.load_path, "checkpoint", mmap=True)
+        checkpoint = read_torch_file(self.load_path, "checkpoint", mmap=True, verify=False)  # check() verified it
         for key, obj in self.load_dict.items():
             net = _unwrap(obj) if isinstance(obj, torch.nn.Module) else None
             n_model = getattr(net, "num_classes", None)

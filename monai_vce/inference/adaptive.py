@@ -210,8 +210,14 @@ def adaptive_inference(
         max_rounds = _check_int(max_rounds, "max_rounds", 0, video_id)
     window = stride if transition_window is None else _check_int(transition_window, "transition_window", 0, video_id)
     max_reuse = _check_int(max_reuse, "max_reuse", 1, video_id)
-    if not isinstance(duplicate_tolerance, numbers.Real) or not duplicate_tolerance >= 0:
-        raise ValueError(f"{where}duplicate_tolerance must be a number >= 0, got {duplicate_tolerance!r}")
+    if (
+        isinstance(duplicate_tolerance, bool)
+        or not isinstance(duplicate_tolerance, numbers.Real)
+        or not 0 <= duplicate_tolerance < math.inf  # also refuses NaN
+    ):
+        raise ValueError(f"{where}duplicate_tolerance must be a finite number >= 0, got {duplicate_tolerance!r}")
+    if not isinstance(refine, (bool, np.bool_)):
+        raise ValueError(f"{where}refine must be True or False, got {refine!r}")
     anchors = None
     if signatures is not None:
         sig = np.asarray(signatures)

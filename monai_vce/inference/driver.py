@@ -22,6 +22,7 @@ inference of the same model (:func:`reduced_source`). In a distributed run every
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 import sys
 import time
@@ -39,22 +40,109 @@ from monai_vce.events.probabilities import VideoArrays, completed_videos, probab
 from monai_vce.handlers import TemporalEventWriter, all_gather_rows
 from monai_vce.labels import NUM_LABELS
 from monai_vce.postprocessing import EventDecoder
+from monai_vce.utils import check_setting, safe_text, short_repr
 
 from .adaptive import adaptive_inference
 from .signature import SIGNATURE_KEY, FrameSignatured
 
 idist, _ = optional_import("ignite", IgniteInfo.OPT_IMPORT_VERSION, min_version, "distributed")
 
-__all__ = ["FramePredictor", "ReducedInference", "is_reduced", "reduction_tag", "reduced_source", "resume_sources"]
+__all__ = [
+    "FramePredictor",
+    "ReducedInference",
+    "REDUCTION_KEYS",
+    "check_reduction",
+    "is_reduced",
+    "reduction_tag",
+    "reduced_source",
+    "resume_sources",
+]
 
 PathLike = str | os.PathLike
 logger = logging.getLogger(__name__)
 
 
+#: the keys of the bundle's ``reduction`` (the keyword arguments of :func:`reduction_tag`)
+REDUCTION_KEYS = ("stride", "budget", "refine", "margin", "duplicate_tolerance", "options")
+
+# the further keyword arguments of adaptive_inference that ``reduction#options`` may set: (kind, range or choices)
+_OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
+    "presence_margin": ("number", {"minimum": 0, "optional": True}),
+    "score_tolerance": ("number", {"minimum": 0, "optional": True}),
+    "transition_window": ("int", {"minimum": 0, "optional": True}),
+    "max_rounds": ("int", {"minimum": 0, "optional": True}),
+    "max_reuse": ("int", {"minimum": 1}),
+    "interpolation": ("str", {"choices": ("logit", "linear", "nearest")}),
+}
+
+
+def _check_budget(budget: Any, name: str = "reduction#budget") -> int | float | None:
+    if budget is None:
+        return None
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
+        raise ValueError(
+            f"setting {name!r} must be an int (frames) >= 1, a fraction in (0, 1] or null, got {short_repr(budget)}"
+        )
+    if isinstance(budget, numbers.Integral):
+        return check_setting(name, budget, "int", minimum=1)
+    value = float(budget)
+    if not (0.0 < value <= 1.0):  # also refuses NaN
+        raise ValueError(f"setting {name!r}: a fractional budget must be in (0, 1], got {short_repr(budget)}")
+    return value
+
+
+def check_reduction(
+    stride: Any = 1,
+    budget: Any = None,
+    refine: Any = True,
+    margin: Any = 0.3,
+    duplicate_tolerance: Any = 0.0,
+    options: Any = None,
+) -> dict[str, Any]:
+    """Validate the reduction settings (the bundle's ``reduction``) before any frame is inferred.
+
+    Types are strict (``stride`` ``1.9`` or ``true`` is not an integer, ``refine`` ``"abc"`` is not a boolean;
+    the strings ``"true"``/``"false"`` of a command line are), numbers finite and in range, ``options`` keys those
+    of :func:`~monai_vce.inference.adaptive_inference` listed in ``_OPTIONS``.
+
+    Returns:
+        The settings, normalised, as keyword arguments of :func:`reduction_tag`.
+
+    Raises:
+        ValueError: one line naming the setting (``reduction#stride``, ...).
+    """
+    if options is None:
+        options = {}
+    if not isinstance(options, Mapping):
+        raise ValueError(f"setting 'reduction#options' must be a mapping, got {short_repr(options)}")
+    opts: dict[str, Any] = {}
+    for key, value in options.items():
+        if key not in _OPTIONS:
+            raise ValueError(
+                f"setting 'reduction#options' has an unknown key {short_repr(key)}; known: {', '.join(_OPTIONS)}"
+            )
+        kind, kw = _OPTIONS[key]
+        opts[key] = check_setting(f"reduction#options#{key}", value, kind, **kw)
+    return {
+        "stride": check_setting("reduction#stride", stride, "int", minimum=1),
+        "budget": _check_budget(budget),
+        "refine": check_setting("reduction#refine", refine, "bool"),
+        "margin": check_setting("reduction#margin", margin, "number", minimum=0),
+        "duplicate_tolerance": check_setting("reduction#duplicate_tolerance", duplicate_tolerance, "number", minimum=0),
+        "options": opts,
+    }
+
+
 def is_reduced(stride: int, budget: int | float | None = None, duplicate_tolerance: float = 0.0) -> bool:
     """Whether these settings infer fewer frames than full inference (stride above 1, a budget, or
-    near-duplicate skipping); refinement settings alone change nothing."""
-    return int(stride) != 1 or budget is not None or float(duplicate_tolerance) > 0
+    near-duplicate skipping); refinement settings alone change nothing.
+
+    Raises:
+        ValueError: a setting of the wrong type or out of range (:func:`check_reduction`), so that a bad value
+            never falls back to full inference.
+    """
+    s = check_reduction(stride, budget, duplicate_tolerance=duplicate_tolerance)
+    return s["stride"] != 1 or s["budget"] is not None or s["duplicate_tolerance"] > 0
 
 
 def reduction_tag(
@@ -68,13 +156,17 @@ def reduction_tag(
     """The reduction settings as a short string (``""`` for full inference, see :func:`is_reduced`).
 
     Example: ``reduced(stride=8,budget=None,refine=True,margin=0.3,dup=0,score_tolerance=0.2)``.
+
+    Raises:
+        ValueError: a bad setting (:func:`check_reduction`).
     """
-    if not is_reduced(stride, budget, duplicate_tolerance):
+    s = check_reduction(stride, budget, refine, margin, duplicate_tolerance, options)
+    if not is_reduced(s["stride"], s["budget"], s["duplicate_tolerance"]):
         return ""
-    extra = "".join(f",{k}={v}" for k, v in sorted((options or {}).items()))
+    extra = "".join(f",{k}={v}" for k, v in sorted(s["options"].items()))
     return (
-        f"reduced(stride={stride},budget={budget},refine={refine},margin={margin:g},"
-        f"dup={float(duplicate_tolerance):g}{extra})"
+        f"reduced(stride={s['stride']},budget={s['budget']},refine={s['refine']},margin={s['margin']:g},"
+        f"dup={s['duplicate_tolerance']:g}{extra})"
     )
 
 
@@ -103,6 +195,13 @@ def resume_sources(source: str, reduction: Mapping[str, Any] | None = None) -> l
         "$monai_vce.workflows.pending_frames(@datalist, @probs_dir, resume=@resume,
             source=monai_vce.inference.resume_sources(@probs_source, @reduction))"
     """
+    if reduction and not isinstance(reduction, Mapping):
+        raise ValueError(
+            f"setting 'reduction' must be a mapping of {', '.join(REDUCTION_KEYS)}, got {short_repr(reduction)}"
+        )
+    unknown = sorted(set(reduction or {}) - set(REDUCTION_KEYS))
+    if unknown:
+        raise ValueError(f"setting 'reduction' has an unknown key {unknown[0]!r}; known: {', '.join(REDUCTION_KEYS)}")
     tag = reduction_tag(**reduction) if reduction else ""
     return [source, reduced_source(source, tag)] if tag else [source]
 
@@ -389,12 +488,18 @@ class ReducedInference:
         progress: bool = True,
     ) -> None:
 
-        self.output_dir = output_dir
+        # every setting checked before the network, the decoder or a frame is touched
+        checked = check_reduction(stride, budget, refine, margin, duplicate_tolerance, options)
+        self.output_dir = check_setting("output_dir", output_dir, "path")
+        self.options = checked["options"]
+        self.settings: dict[str, Any] = {k: checked[k] for k in ("stride", "budget", "refine", "margin")}
+        self.duplicate_tolerance = checked["duplicate_tolerance"]
+        self.signature_size = check_setting("signature_size", signature_size, "int", minimum=1, maximum=256)
+        batch_size = check_setting("batch_size", batch_size, "int", minimum=1, maximum=1 << 20)
+        num_workers = check_setting("num_workers", num_workers, "int", minimum=0, maximum=1024)
+        amp, compile = check_setting("amp", amp, "bool"), check_setting("compile", compile, "bool")
+        resume, progress = check_setting("resume", resume, "bool"), check_setting("progress", progress, "bool")
         self.decoder = decoder if isinstance(decoder, EventDecoder) else EventDecoder(decoder)
-        self.options = dict(options or {})
-        self.settings: dict[str, Any] = {"stride": stride, "budget": budget, "refine": refine, "margin": margin}
-        self.duplicate_tolerance = float(duplicate_tolerance)
-        self.signature_size = int(signature_size)
         self.network = network
         # the compiled wrapper shares the module's parameters: weights loaded later (load_handlers) are used
         runnable: Any = torch.compile(network) if compile else network
@@ -414,7 +519,7 @@ class ReducedInference:
         self.resume = bool(resume)
         self.source = str(source)
         #: the reduction settings stored in every file's ``source`` (``""``: full inference)
-        self.tag = reduction_tag(stride, budget, refine, margin, self.duplicate_tolerance, self.options)
+        self.tag = reduction_tag(**checked)
         refiner = getattr(event_writer, "refiner", None)
         if probs_transform is None and refiner is not None and getattr(refiner, "inputs", "probs") == "probs":
             probs_transform = refiner.refine
@@ -522,7 +627,7 @@ class ReducedInference:
         pending = {v: r for v, r in mine.items() if v not in done}
         if done:
             logger.info(
-                f"skipping {len(done)} video(s) already inferred in {self.output_dir}: {', '.join(sorted(done))}"
+                f"skipping {len(done)} video(s) already inferred in {safe_text(self.output_dir)}: {', '.join(safe_text(v) for v in sorted(done))}"
             )
         self._load()
         t0 = time.perf_counter()
@@ -534,7 +639,9 @@ class ReducedInference:
                 t = time.perf_counter()
 
                 def callback(inferred: int, frames: int, vid: str = vid, n: int = n) -> None:
-                    bar.set_postfix_str(f"video {vid} ({n}/{len(pending)}): {inferred}/{frames} frames inferred")
+                    bar.set_postfix_str(
+                        f"video {safe_text(vid)} ({n}/{len(pending)}): {inferred}/{frames} frames inferred"
+                    )
 
                 probs, inferred = self.infer_video(vid, rows, callback)
                 self._save(vid, rows, probs, inferred)
@@ -543,7 +650,7 @@ class ReducedInference:
                 self.stats[vid] = {"frames": int(rows.size), "inferred": k, "seconds": secs}
                 bar.update(int(rows.size))
                 logger.info(
-                    f"video {vid}: inferred {k} of {rows.size} frames ({100.0 * k / max(rows.size, 1):.1f}%) "
+                    f"video {safe_text(vid)}: inferred {k} of {rows.size} frames ({100.0 * k / max(rows.size, 1):.1f}%) "
                     f"in {secs:.1f} s"
                 )
         finally:

@@ -28,6 +28,8 @@ holds one and asks again, until nothing is open.
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -52,6 +54,11 @@ __all__ = ["DecoderTarget", "dilate_frames"]
 _SECTION_COLS = np.array([LABELS.index(s) for s in SECTIONS])
 _LANDMARK_COLS = {name: LABELS.index(name) for name in LANDMARKS}
 _STOMACH = SECTIONS.index("stomach")
+
+
+def _check_margin(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= float(value) < math.inf:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
 def dilate_frames(mask: np.ndarray, reach: np.ndarray | int) -> np.ndarray:
@@ -135,10 +142,16 @@ class DecoderTarget:
         probs_transform: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         self.decoder = decoder if isinstance(decoder, EventDecoder) else EventDecoder(decoder)
-        if not np.isfinite(margin) or margin < 0:
-            raise ValueError(f"margin must be a finite number >= 0, got {margin!r}")
-        if int(transition_window) < 0:
-            raise ValueError(f"transition_window must be >= 0, got {transition_window!r}")
+        _check_margin("margin", margin)
+        for name, optional in (("presence_margin", presence_margin), ("score_tolerance", score_tolerance)):
+            if optional is not None:
+                _check_margin(name, optional)
+        if (
+            isinstance(transition_window, bool)
+            or not isinstance(transition_window, (int, np.integer))
+            or transition_window < 0
+        ):
+            raise ValueError(f"transition_window must be an integer >= 0, got {transition_window!r}")
         self.margin = float(margin)
         self.score_tolerance = score_tolerance
         self.presence_margin = self.margin if presence_margin is None else float(presence_margin)

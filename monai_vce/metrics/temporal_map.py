@@ -49,7 +49,9 @@ __all__ = [
 
 EventJSON = Mapping[str, Any]
 #: Largest number of (prediction, ground truth) pairs whose tIoU is held in memory at once.
-_PAIR_BLOCK = 1 << 22
+_PAIR_BLOCK = 1 << 20
+#: Ground-truth segments matched at a time (see :func:`_greedy_tp`); bounds the work per match.
+_GT_CHUNK = 256
 
 
 def tiou_key(tiou_threshold: float) -> str:
@@ -114,70 +116,97 @@ def segment_tiou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return inter / union
 
 
-def _candidate_pairs(gt: np.ndarray, pred: np.ndarray, min_tiou: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(pred row, gt column, tIoU) of the pairs with tIoU >= min_tiou > 0, sorted by (row, column).
+def _first_free(rows: np.ndarray, cols: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The listed-order greedy match of one block of predictions against ``free`` ground truth (updated in place).
 
-    Only ground-truth segments that can reach ``min_tiou`` are compared: a pair needs overlap, and
-    ``tIoU <= len_pred / len_gt``, so a candidate starts within ``[start_p - len_p / min_tiou, end_p]``,
-    a contiguous range of the ground truth sorted by start (one ``searchsorted`` per side).
+    Args:
+        rows: prediction of each qualifying pair, non-decreasing (rows in listed order).
+        cols: ground-truth index of each pair (any order within a row); only free ones are used.
+        free: which ground-truth segments are still unmatched.
+
+    Returns:
+        (matched rows, the ground truth each took).
     """
-    order = np.argsort(gt[:, 0], kind="stable")
-    g_start, g_end = gt[order, 0], gt[order, 1]
-    p_len = pred[:, 1] - pred[:, 0] + 1
-    reach = np.ceil(p_len / min_tiou).astype(np.int64)
-    lo = np.searchsorted(g_start, pred[:, 0] - reach, side="left")
-    hi = np.searchsorted(g_start, pred[:, 1], side="right")
-    counts = hi - lo
-    rows, cols, vals = [], [], []
-    # blocks of consecutive predictions with about _PAIR_BLOCK candidate pairs each (bounds memory)
-    block = np.cumsum(counts) // _PAIR_BLOCK
-    edges = np.concatenate(([0], np.flatnonzero(np.diff(block)) + 1, [len(pred)]))
-    for first, last in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=False):
-        c = counts[first:last]
-        total = int(c.sum())
-        if total == 0:
-            continue
-        r = np.repeat(np.arange(first, last), c)
-        j = np.repeat(lo[first:last], c) + np.arange(total) - np.repeat(np.cumsum(c) - c, c)
-        inter = np.minimum(pred[r, 1], g_end[j]) - np.maximum(pred[r, 0], g_start[j]) + 1
-        np.maximum(inter, 0, out=inter)
-        iou = inter / (p_len[r] + (g_end[j] - g_start[j] + 1) - inter)
-        ok = iou >= min_tiou
-        rows.append(r[ok])
-        cols.append(order[j[ok]])
-        vals.append(iou[ok])
-    if not rows:
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty, np.zeros(0)
-    rows_a, cols_a, vals_a = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
-    srt = np.lexsort((cols_a, rows_a))
-    return rows_a[srt], cols_a[srt], vals_a[srt]
-
-
-def _greedy_tp(rows: np.ndarray, cols: np.ndarray, n_pred: int, n_gt: int) -> np.ndarray:
-    """True positives of the listed-order greedy match, given the qualifying pairs sorted by (row, col)."""
-    tp = np.zeros(n_pred, dtype=bool)
+    keep = free[cols]
+    rows, cols = rows[keep], cols[keep]
     if len(rows) == 0:
-        return tp
+        return rows, cols
     new_row = np.ones(len(rows), dtype=bool)
     new_row[1:] = rows[1:] != rows[:-1]
     starts = np.flatnonzero(new_row)
     ends = np.append(starts[1:], len(rows))
-    first_col = cols[starts]
-    wanted = np.bincount(cols, minlength=n_gt)
-    # a prediction whose first candidate no other prediction qualifies for takes it whatever the order
+    first_col = np.minimum.reduceat(cols, starts)
+    wanted = np.bincount(cols, minlength=len(free))
+    # a prediction whose first candidate no other prediction of the block qualifies for takes it whatever the order
     easy = wanted[first_col] == 1
-    tp[rows[starts[easy]]] = True
-    free = np.ones(n_gt, dtype=bool)
+    got_rows, got_cols = [rows[starts[easy]]], [first_col[easy]]
     free[first_col[easy]] = False
     # the contested rest, sequentially in listed order; per row a vectorised first-free lookup
+    left = int(free.sum())
     for s, e in zip(starts[~easy].tolist(), ends[~easy].tolist(), strict=False):
+        if left == 0:
+            break
         cand = cols[s:e]
-        avail = free[cand]
-        k = int(avail.argmax())
-        if avail[k]:
-            free[cand[k]] = False
-            tp[rows[s]] = True
+        cand = cand[free[cand]]
+        if len(cand):
+            k = cand.min()
+            free[k] = False
+            left -= 1
+            got_rows.append(rows[s : s + 1])
+            got_cols.append(np.array([k]))
+    return np.concatenate(got_rows), np.concatenate(got_cols)
+
+
+def _greedy_tp(gt: np.ndarray, pred: np.ndarray, tiou_threshold: float) -> np.ndarray:
+    """True positives of the listed-order greedy match at a positive tIoU threshold, in bounded memory.
+
+    Each prediction, in listed order, takes the first still-unmatched ground-truth segment (in listed order)
+    whose tIoU with it reaches the threshold. The ground truth is taken in chunks of :data:`_GT_CHUNK`
+    segments, in listed order: whether a prediction matches in chunk ``c`` depends only on the predictions
+    before it that matched in chunk ``c``, so running the greedy match chunk after chunk with the predictions
+    still unmatched gives exactly the whole-set result. Within a chunk, only ground truth that can reach the
+    threshold is compared (``tIoU >= t`` needs ``|start_g - start_p| <= len_p (1 - t) / t``, one
+    ``searchsorted`` per side), in blocks of about
+    :data:`_PAIR_BLOCK` pairs. Memory is O(_PAIR_BLOCK + P + G) whatever the overlap (10^5 identical events
+    per side would be 10^10 qualifying pairs at once).
+    """
+    n_pred = len(pred)
+    tp = np.zeros(n_pred, dtype=bool)
+    p_len = pred[:, 1] - pred[:, 0] + 1
+    # a qualifying pair has |start_g - start_p| <= d = union - inter <= inter (1 - t) / t <= len_p (1 - t) / t;
+    # one frame more absorbs rounding (the window only has to hold every candidate)
+    reach = np.ceil(np.minimum(p_len * ((1.0 - tiou_threshold) / tiou_threshold), 2.0**52)).astype(np.int64) + 1
+    for c0 in range(0, len(gt), _GT_CHUNK):
+        pending = np.flatnonzero(~tp)
+        if len(pending) == 0:
+            break
+        chunk = gt[c0 : c0 + _GT_CHUNK]
+        order = np.argsort(chunk[:, 0], kind="stable")
+        g_start, g_end = chunk[order, 0], chunk[order, 1]
+        free = np.ones(len(chunk), dtype=bool)
+        lo = np.searchsorted(g_start, pred[pending, 0] - reach[pending], side="left")
+        hi = np.searchsorted(g_start, np.minimum(pred[pending, 1], pred[pending, 0] + reach[pending]), side="right")
+        counts = hi - lo
+        # blocks of consecutive pending predictions with about _PAIR_BLOCK candidate pairs each, and at most
+        # _GT_CHUNK of them (with that many matches the chunk is used up)
+        block = np.maximum(np.cumsum(counts) // _PAIR_BLOCK, np.arange(len(pending)) // _GT_CHUNK)
+        edges = np.concatenate(([0], np.flatnonzero(np.diff(block)) + 1, [len(pending)]))
+        for first, last in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=False):
+            c = counts[first:last]
+            total = int(c.sum())
+            if total == 0:
+                continue
+            q = np.repeat(np.arange(first, last), c)
+            j = np.repeat(lo[first:last], c) + np.arange(total) - np.repeat(np.cumsum(c) - c, c)
+            r = pending[q]
+            inter = np.minimum(pred[r, 1], g_end[j]) - np.maximum(pred[r, 0], g_start[j]) + 1
+            np.maximum(inter, 0, out=inter)
+            iou = inter / (p_len[r] + (g_end[j] - g_start[j] + 1) - inter)
+            ok = iou >= tiou_threshold
+            got, _ = _first_free(r[ok], order[j[ok]], free)
+            tp[got] = True
+            if not free.any():
+                break  # the chunk is used up: later predictions look in the next one
     return tp
 
 
@@ -207,19 +236,11 @@ def _average_precision(gt: np.ndarray, pred: np.ndarray, ths: tuple[float, ...])
         return np.full(len(ths), 0.0 if n_pred else 1.0)
     if n_pred == 0:
         return np.zeros(len(ths))
-    positive = [t for t in ths if t > 0]
-    pairs = _candidate_pairs(gt, pred, min(positive)) if positive else None
     rank = np.arange(1, n_pred + 1, dtype=np.float64)
     out = np.empty(len(ths))
     for k, t in enumerate(ths):
-        if t <= 0:
-            # every pair qualifies (tIoU >= 0): prediction i takes ground truth i
-            tp = np.arange(n_pred) < n_gt
-        else:
-            assert pairs is not None  # computed above whenever a tIoU threshold is positive
-            rows, cols, vals = pairs
-            keep = vals >= t
-            tp = _greedy_tp(rows[keep], cols[keep], n_pred, n_gt)
+        # at t <= 0 every pair qualifies (tIoU >= 0): prediction i takes ground truth i
+        tp = np.arange(n_pred) < n_gt if t <= 0 else _greedy_tp(gt, pred, t)
         # only true positives raise recall; the same float operations in the same order as the reference
         hits = np.cumsum(tp)[tp].astype(np.float64)
         if len(hits) == 0:
@@ -330,9 +351,9 @@ def temporal_map(
 ) -> dict[str, Any]:
     """Temporal mAP of a prediction against a ground truth, with the challenge's semantics.
 
-    Vectorised per (video, label): the tIoU of all prediction/ground-truth pairs is one numpy computation
-    (in blocks), and the sequential greedy match touches only the predictions that compete for the same
-    ground-truth segment, each with one vectorised first-free lookup.
+    Vectorised per (video, label): the tIoU of the candidate pairs is computed with numpy in bounded blocks
+    (see :func:`_greedy_tp`), and the sequential greedy match touches only the predictions that compete for the
+    same ground-truth segment, each with one vectorised first-free lookup.
 
     Args:
         gt: ground-truth event JSON (dict) or the path of its file.

@@ -41,7 +41,7 @@ import torch
 import torch.nn as nn
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 
-from monai_vce.utils import atomic_write_bytes, atomic_write_json, read_json_file
+from monai_vce.utils import atomic_write_bytes, atomic_write_json, check_torch_seal, read_json_file, seal_torch_bytes
 
 __all__ = [
     "BIOMEDCLIP_HUB_ID",
@@ -374,7 +374,7 @@ def _is_safetensors(head: bytes) -> bool:
     return len(head) >= 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") < 100 * 1024**2
 
 
-def read_torch_file(path: str | os.PathLike, what: str = "checkpoint", mmap: bool = False) -> Any:
+def read_torch_file(path: str | os.PathLike, what: str = "checkpoint", mmap: bool = False, verify: bool = True) -> Any:
     """``torch.load(path, weights_only=True)`` with one-line errors naming the file and what to do.
 
     torch's own errors name nothing (a zero-byte file raises a bare ``EOFError``, a truncated one a zip-reader
@@ -385,11 +385,13 @@ def read_torch_file(path: str | os.PathLike, what: str = "checkpoint", mmap: boo
         path: the file.
         what: what the file is, for messages (``"checkpoint"``, ``"text embeddings"``).
         mmap: map the file instead of reading it (cheap inspection of large checkpoints; zip-format files).
+        verify: check the checksum the project writes into its files (:func:`monai_vce.utils.check_torch_seal`);
+            a file without one is read after a logged note.
 
     Raises:
         FileNotFoundError: the file does not exist.
         ValueError: an empty, truncated or foreign file (e.g. a safetensors file under a ``.pt`` name), or one
-            holding objects other than tensors and plain containers.
+            holding objects other than tensors and plain containers, or one whose checksum does not match.
     """
     path = Path(path)
     if not path.exists():
@@ -411,6 +413,8 @@ def read_torch_file(path: str | os.PathLike, what: str = "checkpoint", mmap: boo
         )
     if not head.startswith(b"PK") and head[:1] != b"\x80":  # neither torch's zip format nor a legacy pickle
         raise ValueError(f"{cannot}: it is not a file written by torch.save")
+    if verify:
+        check_torch_seal(path, what)
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and head.startswith(b"PK"))
     except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, KeyError, ... on bad files
@@ -566,6 +570,11 @@ def build_image_tower(
         logit_scale = load_visual_weights(visual, source.checkpoint)
     size = vision_cfg.get("image_size", 224)
     size = tuple(size) if isinstance(size, (list, tuple)) else (int(size), int(size))
+    if image_size is not None and (
+        isinstance(image_size, bool) or not (isinstance(image_size, int) and 1 <= image_size <= 8192)
+    ):
+        # before set_input_size allocates the position embedding (10 GB at 100000 pixels)
+        raise ValueError(f"image_size must be one or two sides in [1, 8192] pixels, got {image_size!r}")
     if image_size is not None and (int(image_size), int(image_size)) != size:
         if not hasattr(visual, "set_input_size"):
             raise ValueError(f"the image tower of {backbone!r} cannot change its input size from {size}")
@@ -596,7 +605,7 @@ def _save_state_dict(state: dict[str, torch.Tensor], path: Path) -> Path:
         return atomic_write_bytes(path, safetensors_save(state))
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    return atomic_write_bytes(path, buffer.getvalue())
+    return atomic_write_bytes(path, seal_torch_bytes(buffer.getvalue()))
 
 
 def save_tiny_checkpoint(path: str | os.PathLike, seed: int = 0, model: nn.Module | None = None) -> Path:

@@ -223,12 +223,26 @@ def decode_videos(
     return event_json(out)
 
 
-def load_decoder(path: str | os.PathLike | None) -> EventDecoder:
-    """An ``EventDecoder`` with the tuned parameters of ``path``, or the default chain with a warning when the
-    file does not exist (the model was not trained or validated with decoder tuning yet)."""
-    if path is None:
+def load_decoder(path: str | os.PathLike | None, untuned: str | os.PathLike | None = None) -> EventDecoder:
+    """An ``EventDecoder`` with the tuned parameters of ``path``.
+
+    Args:
+        path: the parameter file; ``None``, ``""`` or ``"default"``: the default chain, asked for explicitly.
+        untuned: the bundle's own location of the tuned file (``models/decoder.json``): when ``path`` is it and it
+            does not exist yet (the model was not trained or validated with decoder tuning), the default chain is
+            used with a warning. Any other missing file is an error: a file the user named must be used.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist (and is not ``untuned``); one line naming it.
+    """
+    if path is None or str(path) in ("", "default"):
         return EventDecoder()
     if not Path(path).is_file():
+        if untuned is None or Path(path).absolute() != Path(untuned).absolute():
+            raise FileNotFoundError(
+                f"decoder parameters {path} not found; give an existing file, or --decoder_params default for "
+                "the default chain"
+            )
         warnings.warn(
             f"decoder parameters {path} not found: decoding with the default parameters; train or evaluate "
             f"the bundle to tune them, or pass --decoder_params PATH",

@@ -2,7 +2,8 @@
 
 Writes ``DIR/timelines/<video_id>.png``, ``DIR/summary.md``, ``DIR/summary.json`` and, with ground truth,
 ``DIR/summary.png``; prints a JSON line with the paths and the overall mAP. Bad inputs exit with status 2
-and a one-paragraph message naming the file or video.
+and a one-paragraph message naming the file or video; so does a DIR another run holds locked, or one holding a
+file the report would replace that no report wrote (``DIR/.monai_vce_manifest.json`` lists what reports wrote).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = write_report(
             args.pred, args.out, gt=args.gt, probs_dir=args.probs, frame_units=args.frame_units, videos=args.videos
         )
-    except (ImportError, OSError, ValueError) as e:  # one paragraph, no traceback (a file in the way of --out too)
+    # one paragraph, no traceback: a file in the way of --out, a folder another run holds locked too
+    except (ImportError, OSError, RuntimeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     metrics = result["metrics"]

@@ -24,7 +24,16 @@ from monai_vce.events.validation import check_events, load_events
 from monai_vce.labels import ANATOMY, LABELS, NUM_LABELS
 from monai_vce.metrics.temporal_map import temporal_map
 from monai_vce.report.timeline import GT_COLOR, PRED_COLOR, draw_timeline, figure_to_png, require_matplotlib
-from monai_vce.utils import atomic_write_bytes, atomic_write_json, atomic_write_text, renamed_arguments
+from monai_vce.utils import (
+    OutputLock,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    read_json_file,
+    renamed_arguments,
+    safe_text,
+    short_repr,
+)
 
 __all__ = [
     "PRESENCE_CODES",
@@ -37,7 +46,13 @@ __all__ = [
     "draw_summary",
     "load_probabilities",
     "write_report",
+    "REPORT_MANIFEST",
 ]
+
+#: The report's record of the files it wrote in its folder: a later report replaces or removes only those.
+REPORT_MANIFEST = ".monai_vce_manifest.json"
+_WRITER = "monai_vce.report"
+_SUMMARY_FILES = ("summary.md", "summary.json", "summary.png")
 
 #: Presence decision codes: predicted and in ground truth, predicted only, missed, absent from both.
 PRESENCE_CODES: tuple[str, ...] = ("TP", "FP", "FN", "TN")
@@ -551,6 +566,62 @@ def _check_range(
         )
 
 
+def _report_file(rel: Any) -> bool:
+    """Whether ``rel`` is a name the report writes: a summary file or ``timelines/<name>.png``."""
+    if not isinstance(rel, str) or rel in _SUMMARY_FILES:
+        return isinstance(rel, str)
+    head, _, name = rel.partition("/")
+    return head == "timelines" and name.endswith(".png") and "/" not in name and "\\" not in name and name[0] != "."
+
+
+def _report_owned(out: Path) -> set[str]:
+    """The files an earlier report wrote in ``out`` (relative paths): its manifest, else its ``summary.json``.
+
+    A report of before the manifest is recognised by its ``summary.json``, which lists its timelines (and its
+    ``summary.png`` when it has scores). Names other than the report's own are never taken from either file.
+    """
+    manifest = out / REPORT_MANIFEST
+    if os.path.lexists(manifest):
+        obj = read_json_file(manifest, max_bytes=64 * 1024**2, what="report manifest")
+        files = obj.get("files") if isinstance(obj, dict) else None
+        if not (isinstance(obj, dict) and obj.get("writer") == _WRITER and isinstance(files, list)):
+            raise ValueError(f"{manifest} is not a manifest of {_WRITER}; choose another report folder")
+        bad = next((f for f in files if not _report_file(f)), None)
+        if bad is not None:
+            raise ValueError(
+                f"{manifest} lists {short_repr(bad)}, not a file of a report; choose another report folder"
+            )
+        return set(files)
+    try:
+        old = read_json_file(out / "summary.json", max_bytes=64 * 1024**2, what="report summary")
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(old, dict) or not isinstance(old.get("timelines"), dict):
+        return set()
+    owned = {"summary.md", "summary.json"} | ({"summary.png"} if old.get("metrics") is not None else set())
+    return owned | {f for f in old["timelines"].values() if _report_file(f)}
+
+
+def _check_report_folder(out: Path, planned: set[str], owned: set[str]) -> None:
+    """Refuse, before anything is written, to replace a file of ``out`` that no earlier report wrote."""
+    timelines = out / "timelines"
+    if timelines.is_symlink():  # its PNGs would be written (and stale ones removed) wherever it points
+        raise FileExistsError(
+            f"report folder {safe_text(out)}: {safe_text(timelines)} is a link, not a folder the report wrote; "
+            "remove it or choose another report folder"
+        )
+    for rel in sorted(planned):
+        if rel not in owned and os.path.lexists(out / rel):
+            raise FileExistsError(
+                f"report folder {safe_text(out)} holds {safe_text(rel)}, which no earlier report wrote (not in its "
+                f"manifest {REPORT_MANIFEST}); move it away or choose another report folder"
+            )
+
+
+def _record_report(out: Path, files: set[str]) -> None:
+    atomic_write_json(out / REPORT_MANIFEST, {"writer": _WRITER, "files": sorted(files)}, indent=None)
+
+
 @renamed_arguments(units="frame_units")
 def write_report(
     pred: str | os.PathLike | Mapping[str, Any],
@@ -571,10 +642,11 @@ def write_report(
 
     With ground truth, the scores are those of :func:`monai_vce.metrics.temporal_map` on the reported videos
     (all of them unless ``videos`` narrows it). Without it (inference), the timelines and the list of
-    predicted labels per video are written, with no score. Every file is written atomically. The report owns
-    ``out_dir/timelines``: timelines of videos not in this report, left by an earlier report in the same folder,
-    are removed, as is a ``summary.png`` a report without ground truth does not draw, so that the folder holds
-    exactly what ``summary.md`` lists.
+    predicted labels per video are written, with no score. Every file is written atomically, under the folder's
+    :class:`~monai_vce.utils.OutputLock`. The files written are recorded in ``out_dir/.monai_vce_manifest.json``
+    (before they are written): a later report in the same folder removes the files of an earlier one it does not
+    write again (timelines of other videos, a ``summary.png`` without ground truth), and only those; a file it
+    would replace that no report wrote is refused with one line, and other files are left alone.
 
     Frame units: those recorded beside the event files (``<name>.meta.json``, :mod:`monai_vce.events.metadata`)
     are checked against ``frame_units``. When the prediction and the ground truth record different units, the
@@ -604,6 +676,8 @@ def write_report(
         ValueError: invalid event JSON, video ids that differ between the files, an unknown video,
             probabilities that do not match the events, or frame units that differ (from ``frame_units`` or
             between the files, without ``probs_dir`` to convert); the message names the file and video.
+        FileExistsError: ``out_dir`` holds a file this report would replace that no earlier report wrote.
+        RuntimeError: another run holds ``out_dir`` locked, or the folder cannot be created or locked.
     """
     require_matplotlib()
 
@@ -651,6 +725,37 @@ def write_report(
         metrics = temporal_map(sub_gt, sub_pred)
 
     out = Path(out_dir)
+    # the folder is locked (no other run writes there meanwhile) and every file of this report is recorded in the
+    # manifest before it is written, so that a later report replaces or removes only what a report wrote
+    with OutputLock(out):
+        planned = {f"timelines/{video_file_name(vid, '.png')}" for vid in order}
+        planned |= {"summary.md", "summary.json"} | ({"summary.png"} if metrics is not None else set())
+        owned = _report_owned(out)
+        _check_report_folder(out, planned, owned)
+        _record_report(out, {f for f in owned if os.path.lexists(out / f)} | planned)
+        result = _write_report_files(
+            out, order, pred_videos, gt_videos, metrics, probs_path, units, {"pred": pred_src, "gt": gt_src}
+        )
+        # an earlier report's files that this one does not write: timelines of other videos, a summary.png of a
+        # report with scores; only those, never a file a report did not write
+        for stale in sorted(owned - planned):
+            (out / stale).unlink(missing_ok=True)
+        _record_report(out, planned)
+    return result
+
+
+def _write_report_files(
+    out: Path,
+    order: list[str],
+    pred_videos: dict[str, Any],
+    gt_videos: dict[str, Any] | None,
+    metrics: dict[str, Any] | None,
+    probs_path: Path | None,
+    units: FrameUnits,
+    srcs: dict[str, str | None],
+) -> dict[str, Any]:
+    """Draw and write the files of :func:`write_report` (its inputs checked) into the locked folder ``out``."""
+    pred_src, gt_src = srcs["pred"], srcs["gt"]
     timelines: dict[str, Path] = {}
     for vid in order:
         probs = ids = None
@@ -673,11 +778,6 @@ def write_report(
         )
         timelines[vid] = atomic_write_bytes(out / "timelines" / video_file_name(vid, ".png"), figure_to_png(fig))
 
-    # the folder holds exactly this report: timelines of other videos from an earlier report go
-    kept = {p.name for p in timelines.values()}
-    for stale in (out / "timelines").glob("*.png"):
-        if stale.name not in kept:
-            stale.unlink(missing_ok=True)
     rel = {vid: f"timelines/{p.name}" for vid, p in timelines.items()}
     summary_png = None
     presence = None
@@ -686,8 +786,6 @@ def write_report(
         presence = presence_matrix({v: pred_videos[v] for v in order}, {v: gt_videos[v] for v in order})
         fig = draw_summary(metrics, presence)
         summary_png = atomic_write_bytes(out / "summary.png", figure_to_png(fig))
-    else:
-        (out / "summary.png").unlink(missing_ok=True)
     sources: dict[str, Any] = {
         "pred": pred_src,
         "gt": gt_src,

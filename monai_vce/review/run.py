@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from monai_vce.events.units import FrameUnits
+from monai_vce.events.metadata import describe_events_file, read_frame_units
+from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.metrics import load_events
 from monai_vce.review.site import write_review_site
 
@@ -56,6 +57,12 @@ def write_run_review(
     except ImportError:  # pragma: no cover
         pass
 
+    recorded = read_frame_units(events_file)
+    if recorded is not None and recorded is not as_frame_units(frame_units):
+        raise ValueError(
+            f"the event file {describe_events_file(events_file, recorded)} is not in "
+            f"{as_frame_units(frame_units).value} units, the units its review site was asked for"
+        )
     pred = load_events(events_file)
     keep = {str(v["video_id"]) for v in pred["videos"]}
     data = [d for d in datalist if str(d["video_id"]) in keep]

@@ -9,6 +9,11 @@ Layout written by :func:`write_review_site`::
     REVIEW_DIR/exams/<name>/data.js     its data: rows, probabilities (8 bit), events, frame sources
     REVIEW_DIR/exams/<name>/thumbs/     JPEG thumbnails (the timeline strip and the events)
     REVIEW_DIR/exams/<name>/frames/     full-size JPEG frames around the events (exams stored as video files)
+    REVIEW_DIR/.monai_vce_review.json   the manifest: every file the site wrote (see :mod:`.manifest`)
+
+A rerun replaces only files of the manifest: other files beside the site are left as they are, and a file the
+site would write over (or one inside an exam's folder) that the manifest does not list is refused with one line
+naming it, never deleted. The folder is locked (:class:`monai_vce.utils.OutputLock`) while it is written.
 
 ``<name>`` is the video's file name (:func:`monai_vce.events.video_file_name`, the name of all its files: ASCII
 letters, digits, ``-``, ``_`` and ``.`` kept, any other character as ``%XX``), so any id (even one made of markup
@@ -27,7 +32,7 @@ import html
 import json
 import os
 import re
-import shutil
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,13 +41,15 @@ from urllib.parse import quote
 import numpy as np
 
 from monai_vce.data.video import video_source
-from monai_vce.events.probabilities import check_video_ids, probability_file, video_file_name
+from monai_vce.events.metadata import convert_events, describe_events_file, events_meta_path, read_frame_units
+from monai_vce.events.probabilities import check_video_ids, load_video_probs, probability_file, video_file_name
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import ANATOMY, LABELS, PATHOLOGY, SECTIONS
 from monai_vce.metrics import check_events, load_events
 from monai_vce.review.exams import Exam, event_rows, frames_by_video, load_exam, peak_row
+from monai_vce.review.manifest import SiteManifest
 from monai_vce.review.thumbnails import ImageJob, render_jobs
-from monai_vce.utils import atomic_write_text
+from monai_vce.utils import OutputLock, atomic_write_text, safe_text
 
 __all__ = [
     "SITE_FORMAT_VERSION",
@@ -337,7 +344,7 @@ def write_review_site(
     out_dir: PathLike,
     probs_dir: PathLike | None = None,
     gt: PathLike | Mapping[str, Any] | None = None,
-    frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
+    frame_units: FrameUnits | str | None = None,
     fps: float | None = None,
     videos: Sequence[str] | None = None,
     strip_frames: int = 1500,
@@ -359,7 +366,9 @@ def write_review_site(
             the most probable frame of each event); every shown video needs one when given.
         gt: optional ground-truth event JSON (path or object), drawn in each lane.
         frame_units: frame units of the event files, ``"frame_index"`` or ``"frame_number"`` (the site shows frames in
-            these units; the frame viewer also names the frame's file and the other id).
+            these units; the frame viewer also names the frame's file and the other id). ``None``: the units
+            recorded beside the event files (``<name>.meta.json``; the ground truth's first), else ``frame_index``.
+            An event file recorded in other units is refused, or converted with ``probs_dir`` for the prediction.
         fps: frame rate of frame folders, for durations in seconds (video files carry their own).
         videos: video ids to include, in this order (default: every video of ``pred``, in its order).
         strip_frames: timeline thumbnails per exam.
@@ -374,10 +383,21 @@ def write_review_site(
 
     Raises:
         FileNotFoundError: a frames folder, a video's frames or a probability file is missing.
-        ValueError: invalid event files, unknown videos, or frames and probabilities that do not match; the
-            message names the file and the video.
+        FileExistsError: a file the site would replace was not written by it (see :mod:`.manifest`).
+        ValueError: invalid event files or settings, unknown videos, frames and probabilities that do not match,
+            or event files recorded in other frame units; the message names the file and the video.
+        RuntimeError: another run holds the site folder.
+        OSError: a file could not be written (named in the message); files written before are intact.
+
+    Warns:
+        UserWarning: non-finite or out-of-range probabilities (one line naming the video, frame and label).
     """
-    frame_units = as_frame_units(frame_units).value
+    if frame_units is not None:
+        frame_units = as_frame_units(frame_units)
+    if videos is not None and (isinstance(videos, (str, bytes)) or not isinstance(videos, Sequence)):
+        raise ValueError(f"videos must be a list of video ids, got {videos!r}")
+    if not isinstance(progress, bool):
+        raise ValueError(f"progress must be true or false, got {progress!r}")
     _check_settings(
         strip_frames=strip_frames,
         max_event_thumbnails=max_event_thumbnails,
@@ -386,8 +406,22 @@ def write_review_site(
         num_workers=num_workers,
         fps=fps,
     )
+    if probs_dir is not None and not Path(probs_dir).is_dir():
+        raise FileNotFoundError(f"probability folder {safe_text(probs_dir)} not found (or not a folder)")
     pred_obj, pred_src = _load_events_arg(pred, "prediction")
     gt_obj = _load_events_arg(gt, "ground truth")[0] if gt is not None else None
+    pred_units = _recorded_units(pred, frame_units, "prediction")
+    gt_units = _recorded_units(gt, frame_units, "ground truth") if gt is not None else None
+    units = as_frame_units(frame_units or gt_units or pred_units or FrameUnits.FRAME_INDEX)
+    if pred_units is not None and pred_units is not units:
+        if probs_dir is None:
+            raise ValueError(
+                f"frame units differ: the prediction {describe_events_file(pred_src, pred_units)}, the ground truth "
+                f"{describe_events_file(gt if isinstance(gt, (str, os.PathLike)) else 'object', units)}; give the "
+                "probability files (--probs) to convert"
+            )
+        pred_obj = convert_events(pred_obj, pred_units, units, _frame_id_maps(probs_dir, pred_obj), pred_src)
+    frame_units = units.value
     pred_videos = {str(v["video_id"]): list(v["events"]) for v in pred_obj["videos"]}
     gt_videos = {str(v["video_id"]): list(v["events"]) for v in gt_obj["videos"]} if gt_obj is not None else None
     order = check_video_ids(pred_videos if videos is None else videos, str(pred_src))
@@ -403,10 +437,6 @@ def write_review_site(
         raise FileNotFoundError(f"no frames of video(s) {', '.join(map(repr, missing))} in {where}")
     out = Path(out_dir)
     exams_dir = out / "exams"
-    try:
-        exams_dir.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise NotADirectoryError(f"cannot write the review site into {out}: a file is in its way") from None
     params = {
         "strip_frames": strip_frames,
         "max_event_thumbnails": max_event_thumbnails,
@@ -416,6 +446,7 @@ def write_review_site(
     pages: list[tuple[str, dict[str, Any]]] = []
     jobs: list[ImageJob] = []
     entries: list[dict[str, Any]] = []
+    digests: list[str] = []
     for vid in order:
         npz = None
         if probs_dir is not None:
@@ -433,17 +464,64 @@ def write_review_site(
         _check_range(exam, exam.events, "predicted", frame_units)
         if exam.gt_events is not None:
             _check_range(exam, exam.gt_events, "ground-truth", frame_units)
+        _check_probs(exam, npz, frame_units)
         data, job, entry = exam_data(exam, frame_units, exams_dir, **params)
-        # thumbnails of an earlier site are reused only when they were made from the same frames and settings
-        stamp = exams_dir / data["name"] / "source.txt"
-        digest = _source_digest(exam, frame_units, params)
-        if not stamp.is_file() or stamp.read_text().strip() != digest:
-            shutil.rmtree(exams_dir / data["name"], ignore_errors=True)
-            (exams_dir / data["name"]).mkdir(parents=True)
-            stamp.write_text(digest + "\n")
         pages.append((data["name"], data))
         jobs.append(job)
         entries.append(entry)
+        digests.append(_source_digest(exam, frame_units, params))
+    try:
+        lock = OutputLock(out).acquire()
+    except (FileExistsError, NotADirectoryError):
+        raise NotADirectoryError(f"cannot write the review site into {out}: a file is in its way") from None
+    try:
+        return _write_site(out, pages, jobs, entries, digests, pred_src, frame_units, thumb_size, num_workers, progress)
+    finally:
+        lock.release()
+
+
+def _write_site(
+    out: Path,
+    pages: Sequence[tuple[str, dict[str, Any]]],
+    jobs: Sequence[ImageJob],
+    entries: Sequence[dict[str, Any]],
+    digests: Sequence[str],
+    pred_src: str,
+    frame_units: str,
+    thumb_size: int,
+    num_workers: int | None,
+    progress: bool,
+) -> Path:
+    """Write the site's files (the folder locked), replacing only files listed in its manifest."""
+    exams_dir = out / "exams"
+    try:
+        exams_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise NotADirectoryError(f"cannot write the review site into {out}: a file is in its way") from None
+    manifest = SiteManifest(out)
+    top = [out / "index.html", out / "index.js", out / "assets" / "review.js", out / "assets" / "review.css"]
+    manifest.check_writable(top + [exams_dir / f"{name}.html" for name, _ in pages])
+    for (name, _), digest in zip(pages, digests, strict=True):
+        folder = exams_dir / name
+        manifest.check_folder(folder)  # before anything is deleted: a foreign file refuses the run
+        # thumbnails of an earlier site are reused only when they were made from the same frames and settings
+        stamp = folder / "source.txt"
+        try:
+            same = stamp.is_file() and stamp.read_text().strip() == digest
+        except (OSError, UnicodeDecodeError):
+            same = False
+        if not same:
+            manifest.clear_folder(folder)
+    planned: list[Path] = list(top)
+    for (name, _), job in zip(pages, jobs, strict=True):
+        planned += [exams_dir / f"{name}.html", exams_dir / name / "data.js", exams_dir / name / "source.txt"]
+        planned += [job.thumb_dir / f"{int(r)}.jpg" for r in job.thumb_rows]
+        planned += [job.full_dir / f"{int(r)}.jpg" for r in job.full_rows]
+    manifest.add(planned)  # listed before written: a killed run leaves only files the rerun knows
+    for (name, _), digest in zip(pages, digests, strict=True):
+        stamp = exams_dir / name / "source.txt"
+        if not stamp.is_file():
+            atomic_write_text(stamp, digest + "\n")
     render_jobs(jobs, thumb_size=thumb_size, num_workers=num_workers, progress=progress)
     _copy_assets(out / "assets")
     for (name, data), entry in zip(pages, entries, strict=True):
@@ -455,10 +533,51 @@ def write_review_site(
         "prediction": os.path.basename(pred_src),
         "units": frame_units,
         "labels": list(LABELS),
-        "exams": entries,
+        "exams": list(entries),
     }
     atomic_write_text(out / "index.js", js_data("VCE_INDEX", index))
     return atomic_write_text(out / "index.html", _INDEX_PAGE.format(count=len(entries)))
+
+
+def _recorded_units(obj: Any, wanted: FrameUnits | None, role: str) -> FrameUnits | None:
+    """The units recorded beside an event file (``None`` for an object or a file without them); a recording that
+    contradicts the units the caller states is refused with one line naming the file and both units."""
+    if obj is None or isinstance(obj, Mapping):
+        return None
+    recorded = read_frame_units(obj)
+    if recorded is not None and wanted is not None and recorded is not wanted:
+        raise ValueError(
+            f"the {role} {describe_events_file(obj, recorded)} is not in {wanted.value} units (recorded in "
+            f"{events_meta_path(obj).name}); give --frame-units {recorded.value} or the matching file"
+        )
+    return recorded
+
+
+def _frame_id_maps(probs_dir: PathLike, events: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    out = {}
+    for v in events["videos"]:
+        video = load_video_probs(probability_file(probs_dir, v["video_id"]))
+        out[str(v["video_id"])] = (video.frame_index, video.frame_number)
+    return out
+
+
+def _check_probs(exam: Exam, source: PathLike | None, frame_units: str) -> None:
+    """Warn (one line: video, first bad frame, label, count) on probabilities that are not finite numbers in
+    [0, 1]; they are drawn as 0 (non-finite) or clipped, never silently."""
+    if exam.probs is None:
+        return
+    p = exam.probs
+    bad = ~np.isfinite(p) | (p < 0) | (p > 1)
+    if not bad.any():
+        return
+    row, col = (int(x[0]) for x in np.nonzero(bad))
+    warnings.warn(
+        f"probability file {safe_text(source)}: video {safe_text(repr(exam.video_id))} has {int(bad.sum())} "
+        f"probabilities that are not finite numbers in [0, 1] (first: {frame_units} {int(exam.ids(frame_units)[row])}, "
+        f"label {LABELS[col]!r}, value {float(p[row, col])!r}); drawn as 0 or clipped to [0, 1]",
+        stacklevel=3,
+    )
+    exam.probs = np.clip(np.nan_to_num(p, nan=0.0, posinf=1.0, neginf=0.0), 0.0, 1.0).astype(np.float32)
 
 
 #: Accepted range of each numeric setting of :func:`write_review_site` (inclusive).

@@ -14,6 +14,7 @@ needs are encoded as they pass. A progress bar (tqdm) counts the frames read.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import threading
@@ -26,6 +27,7 @@ import numpy as np
 
 from monai_vce.data.frame_checks import JPEG_SIGNATURE, PNG_SIGNATURE, check_png, decode_rgb, read_frame_bytes
 from monai_vce.data.video import iter_video_frames
+from monai_vce.utils import safe_text
 
 __all__ = ["ImageJob", "render_jobs", "jpeg_bytes"]
 
@@ -83,9 +85,30 @@ def _read_rgb(path: str) -> np.ndarray:
 
 
 def _write(path: Path, data: bytes) -> None:
-    # plain writes: thumbnails are many and small; the exam's data file, written last and atomically, marks the
-    # exam complete
-    path.write_bytes(data)
+    # written beside and renamed (no fsync: thumbnails are many, small and remade when lost), so a thumbnail
+    # that exists is complete; a failed write (a full disk) names the file and fails the run
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # left by a killed run; "x" then never follows a link planted there
+        with open(tmp, "xb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise OSError(e.errno, f"cannot write the review thumbnail {safe_text(path)}: {e.strerror or e}") from None
+
+
+def _is_jpeg(path: Path) -> bool:
+    """Whether ``path`` is a complete JPEG file (start and end markers): an empty or cut file is written again."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(JPEG_SIGNATURE))
+            f.seek(-2, os.SEEK_END)
+            return head == JPEG_SIGNATURE and f.read(2) == b"\xff\xd9"
+    except OSError:  # missing, too short to seek, a folder
+        return False
 
 
 def render_jobs(
@@ -98,8 +121,8 @@ def render_jobs(
 ) -> None:
     """Write the thumbnails and full-size frames of several exams.
 
-    Files that already exist are kept (a rerun writes only what is missing; the caller empties the folders when
-    the frames changed).
+    Complete JPEG files that already exist are kept (a rerun writes only what is missing, empty or cut; the caller
+    empties the folders when the frames changed).
 
     Args:
         jobs: one :class:`ImageJob` per exam.
@@ -113,6 +136,7 @@ def render_jobs(
         FileNotFoundError: a frame file is missing.
         ValueError: a frame file is unreadable, or a video file is corrupt or truncated (naming the file and its
             last good frame).
+        OSError: a thumbnail could not be written (named in the message).
     """
     import sys
 
@@ -139,22 +163,23 @@ def render_jobs(
 
     def image_task(job: ImageJob, row: int, thumb: bool, full: bool) -> None:
         tpath, fpath = job.thumb_dir / f"{row}.jpg", job.full_dir / f"{row}.jpg"
-        if (not thumb or tpath.is_file()) and (not full or fpath.is_file()):
+        thumb, full = thumb and not _is_jpeg(tpath), full and not _is_jpeg(fpath)
+        if not thumb and not full:
             tick()
             return
         assert job.images is not None
         rgb = _read_rgb(job.images[row])
-        if thumb and not tpath.is_file():
+        if thumb:
             _write(tpath, jpeg_bytes(rgb, thumb_size, quality))
-        if full and not fpath.is_file():
+        if full:
             _write(fpath, jpeg_bytes(rgb, None, full_quality))
         tick()
 
     def video_task(job: ImageJob, pool: ThreadPoolExecutor) -> None:
 
         assert job.video is not None
-        want_t = set(int(r) for r in job.thumb_rows if not (job.thumb_dir / f"{int(r)}.jpg").is_file())
-        want_f = set(int(r) for r in job.full_rows if not (job.full_dir / f"{int(r)}.jpg").is_file())
+        want_t = set(int(r) for r in job.thumb_rows if not _is_jpeg(job.thumb_dir / f"{int(r)}.jpg"))
+        want_f = set(int(r) for r in job.full_rows if not _is_jpeg(job.full_dir / f"{int(r)}.jpg"))
         if not want_t and not want_f:
             tick(job.num_frames)
             return

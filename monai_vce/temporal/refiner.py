@@ -16,8 +16,10 @@ network inputs and back:
   memory.
 - **Files** (:meth:`TemporalRefiner.save` / :meth:`TemporalRefiner.load`): one ``torch.save`` file holding the
   configuration as a JSON string and the state dict, written atomically and read with
-  ``torch.load(weights_only=True)`` (no pickled code is ever executed). The network class is rebuilt from its
-  import path, which must name a ``torch.nn.Module`` subclass.
+  ``torch.load(weights_only=True)`` (no pickled code is ever executed) after its checksum is checked. The network
+  class is named by a key of :data:`NETWORKS` (the project's own refinement networks): nothing a file names is
+  ever imported, and every size it declares is range-checked and matched against its tensors before the network
+  is built.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
-import pydoc
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,7 @@ import torch
 from torch import nn
 
 from monai_vce.labels import LABELS, NUM_LABELS, SECTIONS
-from monai_vce.utils import atomic_write_bytes
+from monai_vce.utils import atomic_write_bytes, check_torch_seal, seal_torch_bytes
 
 from .losses import as_stages
 from .networks import LabelwiseTCN, MultiStageTCN, network_context
@@ -46,6 +48,7 @@ __all__ = [
     "POSITION_CHANNELS",
     "FILE_FORMAT",
     "ENSEMBLE_FORMAT",
+    "NETWORKS",
     "TemporalRefiner",
     "RefinerEnsemble",
     "load_refiner_file",
@@ -93,16 +96,93 @@ def _class_path(obj: nn.Module) -> str:
     return _class_path_of(type(obj))
 
 
-def _build_network(spec: Mapping[str, Any], in_channels: int, inputs: str) -> nn.Module:
-    """Build a network from ``{"_target_": import path, **kwargs}``; the default target is
+#: The refinement networks a refiner file or config may name (``_target_``), by class name; their full class paths
+#: (as files written by this project record them) and the ``monai_vce.temporal`` re-exports are accepted too. A
+#: name outside it is refused before anything is imported: importing a module runs its code.
+NETWORKS: dict[str, type[nn.Module]] = {"LabelwiseTCN": LabelwiseTCN, "MultiStageTCN": MultiStageTCN}
+_NETWORK_NAMES: dict[str, type[nn.Module]] = {
+    alias: cls for name, cls in NETWORKS.items() for alias in (name, _class_path_of(cls), f"monai_vce.temporal.{name}")
+}
+
+#: Accepted ranges of the integer sizes of a network's configuration, checked before it is built (a small file
+#: declaring huge sizes must not make the loader allocate gigabytes before refusing it).
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    "in_channels": (1, 1 << 16),
+    "out_channels": (1, 1 << 16),
+    "stages": (0, 64),
+    "layers": (0, 64),
+    "channels": (1, 4096),
+    "kernel_size": (1, 64),
+    "label_features": (0, 256),
+    "embedding": (0, 256),
+    "context_channels": (0, 4096),
+    "context_layers": (0, 64),
+    "lookback": (0, 1 << 20),
+    "lookahead": (0, 1 << 20),
+}
+_MAX_CHANGE_POINTS = 64
+#: Members an ensemble file may hold (cross-fitting folds are a handful).
+_MAX_MEMBERS = 256
+
+
+def _network_class(target: Any) -> type[nn.Module]:
+    """The class named by a ``_target_``: a key of :data:`NETWORKS` (or its class path), or a class itself."""
+    if isinstance(target, type) and issubclass(target, nn.Module):
+        return target  # given in code, not read from a file
+    cls = _NETWORK_NAMES.get(target) if isinstance(target, str) else None
+    if cls is None:
+        raise ValueError(
+            f"network _target_ {_short(target)} is not a refinement network of this project; "
+            f"expected one of {sorted(NETWORKS)} (nothing else is imported)"
+        )
+    return cls
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_network_sizes(kwargs: Mapping[str, Any]) -> None:
+    """Range-check the sizes of a network configuration (types included) before anything is built."""
+    for key, value in kwargs.items():
+        if key in _INT_RANGES:
+            lo, hi = _INT_RANGES[key]
+            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                raise ValueError(f"network {key} must be an integer in [{lo}, {hi}], got {_short(value)}")
+        elif key == "dropout":
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value < 1.0:
+                raise ValueError(f"network dropout must be a number in [0, 1), got {_short(value)}")
+        elif key == "residual":
+            if not isinstance(value, bool):
+                raise ValueError(f"network residual must be true or false, got {_short(value)}")
+        elif key == "change_points" and (
+            not isinstance(value, list | tuple)
+            or len(value) > _MAX_CHANGE_POINTS
+            or not all(isinstance(h, int | float) and not isinstance(h, bool) and math.isfinite(h) for h in value)
+        ):
+            raise ValueError(
+                f"network change_points must be a list of at most {_MAX_CHANGE_POINTS} finite numbers, "
+                f"got {_short(value)}"
+            )
+
+
+def _build_network(
+    spec: Mapping[str, Any], in_channels: int, inputs: str, state: Mapping[str, Any] | None = None
+) -> nn.Module:
+    """Build a network from ``{"_target_": name, **kwargs}`` (a key of :data:`NETWORKS`); the default target is
     :class:`LabelwiseTCN` when the probabilities are among the inputs (it reads them as per-label evidence)
-    and :class:`MultiStageTCN` for features alone."""
+    and :class:`MultiStageTCN` for features alone.
+
+    With ``state`` (the weights of a file), the network is first built on the ``meta`` device (nothing allocated)
+    and every tensor shape it declares must match the file's, so that the real build allocates no more than the
+    file holds.
+    """
     kwargs = {k: v for k, v in spec.items() if k != "_target_"}
     default = MultiStageTCN if inputs == "features" else LabelwiseTCN
-    target = spec.get("_target_", _class_path_of(default))
-    cls = pydoc.locate(target) if isinstance(target, str) else target
-    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise ValueError(f"network _target_ {target!r} is not a torch.nn.Module class")
+    cls = _network_class(spec.get("_target_", default))
+    if cls in NETWORKS.values():
+        _check_network_sizes(kwargs)
     if cls is LabelwiseTCN and inputs == "features":
         raise ValueError("LabelwiseTCN reads per-label probabilities; inputs='features' has none (use MultiStageTCN)")
     if cls is MultiStageTCN:
@@ -115,6 +195,18 @@ def _build_network(spec: Mapping[str, Any], in_channels: int, inputs: str) -> nn
             f"network has in_channels={kwargs['in_channels']}, out_channels={kwargs['out_channels']}; "
             f"the inputs need {in_channels} and {NUM_LABELS}"
         )
+    if state is not None:
+        with torch.device("meta"):
+            declared = {f"network.{k}": v for k, v in cls(**kwargs).state_dict().items()}
+        for key, tensor in declared.items():
+            saved = state.get(key)
+            if not isinstance(saved, torch.Tensor):
+                raise ValueError(f"the weights have no tensor {key!r} that the configured network needs")
+            if tuple(saved.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"tensor {key!r} has shape {tuple(saved.shape)}, the configured network declares "
+                    f"{tuple(tensor.shape)}"
+                )
     return cls(**kwargs)
 
 
@@ -126,8 +218,9 @@ class TemporalRefiner(nn.Module):
         feature_dim: width ``D`` of the features (needed unless ``inputs="probs"``).
         network: the refinement network: ``None`` (with its defaults, a :class:`LabelwiseTCN` when the
             probabilities are among the inputs, else a :class:`MultiStageTCN`), a mapping of
-            its arguments, optionally with a ``"_target_"`` import path of another ``nn.Module`` class (the
-            input and output widths are filled in), or a built module mapping ``(B, C_in, T)`` inputs and an
+            its arguments, optionally with a ``"_target_"``: a key of :data:`NETWORKS` (or its class path; no
+            other name is imported) or an ``nn.Module`` class given in code (the input and output widths are
+            filled in), or a built module mapping ``(B, C_in, T)`` inputs and an
             optional ``(B, 1, T)`` mask to ``(B, 17, T)`` or ``(S, B, 17, T)`` logits. A built module is saved
             by its class path and its ``config`` attribute (its constructor arguments), so it needs one.
         prob_floor: probabilities are clipped to ``[prob_floor, 1 - prob_floor]`` before the logit.
@@ -403,21 +496,30 @@ class TemporalRefiner(nn.Module):
                     "RefinerEnsemble.load"
                 )
             raise ValueError(f"{where} is not a temporal refiner (no format {FILE_FORMAT!r})")
-        if int(payload.get("version", 0)) > _FILE_VERSION:
-            raise ValueError(f"{where} has version {payload['version']}; this code reads {_FILE_VERSION}")
+        _check_version(payload, where)
         try:
-            config = json.loads(payload["config"])
-            fit_info = json.loads(payload.get("fit", "{}"))
-            if list(config.pop("labels", LABELS)) != list(LABELS):
-                raise ValueError("its labels differ from the 17 LABELS")
+            config, fit_info = _read_config(payload)
+            state = payload.get("state_dict")
+            if not isinstance(state, dict) or not all(
+                isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+            ):
+                raise ValueError("its 'state_dict' is not a dict of named tensors")
             network = config.get("network")
-            if isinstance(network, dict) and network.get("_target_") == _class_path_of(LabelwiseTCN):
+            if network is not None and not isinstance(network, dict):
+                raise ValueError(f"its network configuration is a {type(network).__name__}, not a mapping")
+            network = dict(network or {})
+            if _NETWORK_NAMES.get(str(network.get("_target_"))) is LabelwiseTCN:
                 # files written before the look-ahead step states existed had none
                 network.setdefault("lookahead", 0)
+            in_channels = input_channels(
+                config.get("inputs", "probs"), config.get("feature_dim", 0), config.get("position", False)
+            )
+            # sizes range-checked and matched against the file's tensors before the real network is built
+            config["network"] = _build_network(network, in_channels, config.get("inputs", "probs"), state)
             refiner = cls(**config)
-            refiner.load_state_dict(payload["state_dict"], strict=True)
-        except Exception as e:
-            raise ValueError(f"{where}: {str(e).splitlines()[0]}") from None
+            refiner.load_state_dict(state, strict=True)
+        except Exception as e:  # whatever the content: one line naming the file, never a traceback
+            raise ValueError(f"{where}: {_first_line(e)}") from None
         refiner.fit_info = fit_info
         return refiner.to(map_location)
 
@@ -438,19 +540,84 @@ class TemporalRefiner(nn.Module):
         return "refiner:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
+
+
+def _check_version(payload: dict, where: str) -> None:
+    version = payload.get("version", 0)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ValueError(f"{where}: its version {_short(version)} is not an integer")
+    if version > _FILE_VERSION:
+        raise ValueError(f"{where} has version {version}; this code reads {_FILE_VERSION}")
+
+
+#: The entries of a refiner configuration and the types each must have (checked before anything is built).
+_CONFIG_TYPES: dict[str, tuple[type, ...]] = {
+    "inputs": (str,),
+    "feature_dim": (int,),
+    "prob_floor": (float, int),
+    "position": (bool,),
+    "passthrough": (list,),
+    "chunk_size": (int, type(None)),
+    "network": (dict, type(None)),
+}
+
+
+def _read_config(payload: dict) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The configuration and fit record of a refiner payload, with the label list required and every entry typed."""
+    text, fit = payload.get("config"), payload.get("fit", "{}")
+    if not isinstance(text, str) or not isinstance(fit, str):
+        raise ValueError("its 'config' and 'fit' entries are not JSON text")
+    config, fit_info = json.loads(text), json.loads(fit)
+    if not isinstance(config, dict) or not isinstance(fit_info, dict):
+        raise ValueError("its 'config' and 'fit' entries are not JSON objects")
+    if "labels" not in config:
+        raise ValueError(
+            "it records no label list (the 17 labels its outputs are in the order of); refit or re-save it"
+        )
+    if config.pop("labels") != list(LABELS):
+        raise ValueError("its labels differ from the 17 LABELS")
+    for key, value in config.items():
+        types = _CONFIG_TYPES.get(key)
+        if types is None:
+            raise ValueError(f"its configuration has an unknown entry {_short(key)}")
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise ValueError(f"its configuration entry {key!r} has the wrong type: {_short(value)}")
+    if not 0 <= config.get("feature_dim", 0) <= _INT_RANGES["in_channels"][1]:
+        raise ValueError(f"its feature_dim {config['feature_dim']} is out of range")
+    if not all(isinstance(n, str) for n in config.get("passthrough", [])):
+        raise ValueError("its passthrough entry is not a list of label names")
+    return config, fit_info
+
+
 def _save_payload(path: PathLike, payload: dict[str, Any]) -> Path:
     buf = io.BytesIO()
     torch.save(payload, buf)
-    return atomic_write_bytes(path, buf.getvalue())
+    # a checksum of the pickle and tensors, checked on load (torch.load ignores the extra record)
+    return atomic_write_bytes(path, seal_torch_bytes(buf.getvalue()))
 
 
 def _load_payload(path: Path, map_location: str | torch.device = "cpu") -> Any:
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"refiner file {path} not found")
+    if not path.is_file():  # a folder, device or pipe (reading a pipe would wait forever)
+        raise ValueError(f"refiner file {path} is not a regular file")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError as e:
+        raise ValueError(f"refiner file {path} is unreadable: {e.strerror or e}") from None
+    if not head:
+        raise ValueError(f"refiner file {path} is empty (0 bytes): a copy or a save was cut short")
+    if head != b"PK" and head[:1] != b"\x80":
+        raise ValueError(f"refiner file {path} is not a file written by torch.save")
+    check_torch_seal(path, "refiner file")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # damaged file, or pickled objects beyond tensors and plain data
-        raise ValueError(f"refiner file {path} is unreadable: {str(e).splitlines()[0]}") from None
+        raise ValueError(f"refiner file {path} is unreadable: {_first_line(e)}") from None
 
 
 class RefinerEnsemble(nn.Module):
@@ -580,11 +747,12 @@ class RefinerEnsemble(nn.Module):
         """
         if not isinstance(payload, dict) or payload.get("format") != ENSEMBLE_FORMAT:
             raise ValueError(f"{where} is not a refiner ensemble (no format {ENSEMBLE_FORMAT!r})")
-        if int(payload.get("version", 0)) > _FILE_VERSION:
-            raise ValueError(f"{where} has version {payload['version']}; this code reads {_FILE_VERSION}")
+        _check_version(payload, where)
         members = payload.get("members")
         if not isinstance(members, list) or not members:
             raise ValueError(f"{where}: the ensemble has no members")
+        if len(members) > _MAX_MEMBERS:
+            raise ValueError(f"{where}: the ensemble has {len(members)} members; at most {_MAX_MEMBERS} are read")
         refiners = [
             TemporalRefiner.from_payload(m, f"{where}, member {i}", map_location) for i, m in enumerate(members)
         ]
