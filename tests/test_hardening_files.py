@@ -304,3 +304,16 @@ def test_fuzz_decoder_file_bytes(tmp_path, originals, flips, cut):
     path = tmp_path / "decoder.json"
     path.write_bytes(_mutate(originals["decoder"], flips, cut))
     _result_or_one_line(DecoderParams.load, path)
+
+
+def test_flipped_byte_in_text_embeddings_is_refused(tmp_path):
+    from monai_vce.labels import LABELS
+    from monai_vce.networks.text_embeddings import load_text_embeddings, save_text_embeddings
+
+    emb = torch.randn(len(LABELS), 32)
+    path = save_text_embeddings({"labels": list(LABELS), "embeddings": emb}, tmp_path / "text_embeddings.pt")
+    assert load_text_embeddings(path).shape == emb.shape
+    _flip_tensor_byte(path, emb)
+    with pytest.raises(ValueError, match="damaged") as e:
+        load_text_embeddings(path)
+    assert "text_embeddings.pt" in _one_line(e)

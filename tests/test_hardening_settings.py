@@ -222,3 +222,27 @@ def test_control_characters_in_names_cannot_forge_log_lines(tmp_path, caplog):
     messages = [r.getMessage() for r in caplog.records] + [str(w.message) for w in caught]
     assert any("v1\\nERROR forged line" in m for m in messages), messages
     assert not any("\nERROR forged" in m for m in messages), messages
+
+
+@pytest.mark.parametrize("evaluate", [False, True], ids=["train", "evaluate"])
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ({"ckpt_dir": 5}, "'ckpt_dir' must be a file or folder path"),
+        ({"batch_size": 0}, r"'batch_size' must be in \[1, "),
+        ({"image_size": 100000}, "image_size must be one or two sides"),
+        ({"resume": "abc"}, "'resume' must be true or false"),
+    ],
+)
+def test_training_and_evaluation_overrides_are_checked_first(tmp_path, evaluate, override, named):
+    """The training and evaluation workflows check their settings in ``initialize`` too, before anything is built."""
+    from bundle_helpers import EVALUATE, TRAIN
+    from monai.bundle import ConfigWorkflow
+
+    files = [TRAIN, EVALUATE, DEMO] if evaluate else [TRAIN, DEMO]
+    kwargs = {"dataset_dir": str(tmp_path / "frames"), "output_dir": str(tmp_path / "out"), **override}
+    kwargs.setdefault("ckpt_dir", str(tmp_path / "models"))
+    wf = ConfigWorkflow(config_file=files, meta_file=METADATA, logging_file=False, workflow_type="train", **kwargs)
+    summary = _one_line_error(wf.initialize)
+    assert summary.startswith("ValueError: ") and re.search(named, summary), summary
+    assert not (tmp_path / "out").exists() and not (tmp_path / "models").exists()

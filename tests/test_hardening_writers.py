@@ -13,6 +13,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from monai_vce.utils import OutputLock
@@ -320,3 +321,30 @@ def test_report_cli_refuses_a_folder_another_run_holds(tmp_path: Path, pred_file
         holder.wait(timeout=60)
     assert main(["--pred", str(pred_file), "--out", str(out)]) == 0  # free again
     assert not (out / OutputLock.name).exists()
+
+
+def test_refined_folder_never_replaces_a_file_it_did_not_write(tmp_path: Path) -> None:
+    """``refine_folder`` pointed at a folder holding another run's probability file refuses, leaving it intact;
+    its own files (recorded in the folder's manifest before they are written) are still replaced and resumed."""
+    from monai_vce.events import VideoArrays, probability_file, save_video_probs
+    from monai_vce.temporal import TemporalRefiner
+    from monai_vce.temporal.files import MANIFEST, refine_folder
+
+    probs, out = tmp_path / "probs", tmp_path / "refined"
+    refiner = TemporalRefiner(network={"stages": 1, "layers": 1, "channels": 4})
+    ids = np.arange(10, dtype=np.int64)
+    rows = np.random.default_rng(0).random((10, 17)).astype(np.float32)
+    save_video_probs(probability_file(probs, "1"), VideoArrays("1", rows, ids, ids), source="m")
+    save_video_probs(probability_file(out, "1"), VideoArrays("1", rows, ids, ids), source="other run")
+    before = probability_file(out, "1").read_bytes()
+    with pytest.raises(ValueError, match="which the refinement did not write") as e:
+        refine_folder(refiner, probs, out, source="r")
+    assert "\n" not in str(e.value)
+    assert probability_file(out, "1").read_bytes() == before
+    probability_file(out, "1").unlink()
+    assert refine_folder(refiner, probs, out, source="r")["written"] == ["1"]
+    assert refine_folder(refiner, probs, out, source="r")["kept"] == ["1"]
+    assert refine_folder(refiner, probs, out, source="r2")["written"] == ["1"]  # its own file is replaced
+    (out / MANIFEST).write_text('{"writer": "monai_vce.temporal.refine_folder", "files": ["../x.npz"]}')
+    with pytest.raises(ValueError, match="outside its folder"):
+        refine_folder(refiner, probs, out, source="r")

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from monai_vce.labels import LABELS, all_prompts
-from monai_vce.utils import atomic_write_bytes
+from monai_vce.utils import atomic_write_bytes, seal_torch_bytes
 
 from .backbone import read_torch_file, resolve_backbone
 
@@ -187,7 +187,7 @@ def save_text_embeddings(result: Mapping[str, Any], path: str | os.PathLike) -> 
 
     buffer = io.BytesIO()
     torch.save(dict(result), buffer)
-    return atomic_write_bytes(path, buffer.getvalue())
+    return atomic_write_bytes(path, seal_torch_bytes(buffer.getvalue()))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,13 +24,16 @@ from monai_vce.events.probabilities import (
 )
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.events.validation import load_events
-from monai_vce.utils import renamed_arguments
+from monai_vce.utils import atomic_write_json, read_json_file, renamed_arguments, safe_text
 
 from .refiner import RefinerEnsemble, TemporalRefiner
 
 __all__ = ["video_files", "read_videos", "refine_folder"]
 
 PathLike = str | os.PathLike
+
+#: The refined folder's record of the files the refinement wrote there (only those are ever replaced).
+MANIFEST = ".monai_vce_manifest.json"
 
 
 def video_files(folder: PathLike) -> dict[str, Path]:
@@ -120,6 +123,23 @@ def _refined_from(target: Path, video: VideoArrays, source: str) -> bool:
     )
 
 
+def _refined_manifest(out_dir: Path) -> set[str]:
+    """The file names a refinement recorded in ``out_dir`` (empty when it holds no manifest)."""
+    path = out_dir / MANIFEST
+    if not path.exists():
+        return set()
+    where = f"refined folder manifest {safe_text(path)}"
+    data = read_json_file(path, max_bytes=64 * 1024**2, what="refined folder manifest")
+    if not isinstance(data, dict) or data.get("writer") != "monai_vce.temporal.refine_folder":
+        raise ValueError(f"{where} was not written by the refinement; remove it or choose another folder")
+    files = data.get("files")
+    if not isinstance(files, list) or not all(
+        isinstance(f, str) and f.endswith(".npz") and Path(f).name == f and f[:1] != "." for f in files
+    ):
+        raise ValueError(f"{where} names a file outside its folder or not a probability file")
+    return set(files)
+
+
 def refine_folder(
     refiner: TemporalRefiner | RefinerEnsemble,
     probs_dir: PathLike,
@@ -131,8 +151,9 @@ def refine_folder(
 ) -> dict[str, Any]:
     """Refine every per-video file of a folder into ``out_dir/<video_id>.npz`` (same format, refined ``probs``).
 
-    A file already in ``out_dir`` with the same ``source`` and frame count is complete (files are written
-    atomically) and is kept, so an interrupted run resumes where it stopped.
+    A file already in ``out_dir`` with the same ``source`` and frame ids is complete (files are written
+    atomically) and is kept, so an interrupted run resumes where it stopped. Only files recorded in the folder's
+    manifest (``.monai_vce_manifest.json``) are ever replaced.
 
     Args:
         refiner: the refiner (or a :class:`RefinerEnsemble`).
@@ -148,7 +169,8 @@ def refine_folder(
         refiner was fitted on; their refined outputs are over-confident and must not be used to tune a decoder).
 
     Raises:
-        FileNotFoundError, ValueError: a missing or malformed file (naming it).
+        FileNotFoundError, ValueError: a missing or malformed file (naming it), or a file in ``out_dir`` that
+            the refinement did not write.
     """
     files = video_files(probs_dir)
     out_dir = Path(out_dir)
@@ -161,12 +183,21 @@ def refine_folder(
         files = {v: files[v] for v in videos}
     trained = set(refiner.trained_videos)
     written, kept = [], []
+    own = _refined_manifest(out_dir)
     for vid, path in files.items():
         target = probability_file(out_dir, vid)
+        if (target.exists() or target.is_symlink()) and target.name not in own:
+            raise ValueError(
+                f"refined folder {safe_text(out_dir)} holds {safe_text(target.name)}, which the refinement did not "
+                f"write (not in its manifest {MANIFEST}); it is left as it is: move it away or choose another folder"
+            )
         video = _with_features(path, refiner.inputs != "probs")
         if _refined_from(target, video, source):
             kept.append(vid)
             continue
+        if target.name not in own:  # listed before it is written, so a killed run's file is known as ours
+            own.add(target.name)
+            atomic_write_json(out_dir / MANIFEST, {"writer": "monai_vce.temporal.refine_folder", "files": sorted(own)})
         try:
             refined = refiner.refine(video.probs, video.features, chunk_size=chunk_size)
         except ValueError as e:
