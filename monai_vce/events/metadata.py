@@ -31,6 +31,7 @@ import numpy as np
 
 from monai_vce.utils import atomic_write_json
 
+from .probabilities import load_video_probs, probability_file
 from .runs import run_spans
 from .units import FrameUnits, as_frame_units
 
@@ -42,6 +43,8 @@ __all__ = [
     "read_frame_units",
     "describe_events_file",
     "convert_events",
+    "recorded_frame_units",
+    "frame_id_maps",
 ]
 
 logger = logging.getLogger(__name__)
@@ -198,4 +201,36 @@ def convert_events(
                 ],
             }
         )
+    return out
+
+
+def recorded_frame_units(obj: Any, wanted: FrameUnits | str | None, role: str) -> FrameUnits | None:
+    """The units recorded beside an event file (``None`` for an in-memory object or a file without them).
+
+    Args:
+        obj: an event file path, or an event object (``None`` allowed).
+        wanted: the units the caller states (``None``: any).
+        role: what the file is, for messages (``"prediction"``).
+
+    Raises:
+        ValueError: the recorded units contradict ``wanted`` (one line naming the file and both units).
+    """
+    if obj is None or isinstance(obj, Mapping):
+        return None
+    recorded = read_frame_units(obj)
+    if recorded is not None and wanted is not None and recorded is not as_frame_units(wanted):
+        raise ValueError(
+            f"the {role} {describe_events_file(obj, recorded)} is not in {as_frame_units(wanted).value} units "
+            f"(recorded in {events_meta_path(obj).name}); give --frame-units {recorded.value} or the matching file"
+        )
+    return recorded
+
+
+def frame_id_maps(probs_dir: PathLike, events: Mapping[str, Any]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{video_id: (frame_index, frame_number)}`` of the videos of ``events``, from their probability files in
+    ``probs_dir`` (the maps :func:`convert_events` takes)."""
+    out = {}
+    for v in events["videos"]:
+        video = load_video_probs(probability_file(probs_dir, v["video_id"]))
+        out[str(v["video_id"])] = (video.frame_index, video.frame_number)
     return out

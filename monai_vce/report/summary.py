@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import numpy as np
 
-from monai_vce.events.metadata import convert_events, describe_events_file, events_meta_path, read_frame_units
+from monai_vce.events.metadata import convert_events, describe_events_file, frame_id_maps, recorded_frame_units
 from monai_vce.events.probabilities import load_video_probs, probability_file, probability_files, video_file_name
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.events.validation import check_events, load_events
@@ -509,29 +509,6 @@ def _load_event_json(obj: Any, role: str) -> tuple[dict[str, Any], str]:
     return load_events(path), str(path)
 
 
-def _recorded_units(obj: Any, wanted: FrameUnits | str | None, role: str) -> FrameUnits | None:
-    """The units recorded beside an event file (``None`` for an object or a file without them); refuses a
-    recording that contradicts the units the caller states."""
-    if isinstance(obj, Mapping):
-        return None
-    recorded = read_frame_units(obj)
-    if recorded is not None and wanted is not None and recorded is not as_frame_units(wanted):
-        raise ValueError(
-            f"the {role} {describe_events_file(obj, recorded)} is not in {as_frame_units(wanted).value} units "
-            f"(recorded in {events_meta_path(obj).name})"
-        )
-    return recorded
-
-
-def _frame_id_maps(probs_dir: str | os.PathLike, events: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """``{video_id: (frame_index, frame_number)}`` of the videos of ``events`` from their probability files."""
-    out = {}
-    for v in events["videos"]:
-        video = load_video_probs(probability_file(probs_dir, v["video_id"]))
-        out[str(v["video_id"])] = (video.frame_index, video.frame_number)
-    return out
-
-
 @renamed_arguments(units="frame_units")
 def load_probabilities(
     path: str | os.PathLike, frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX
@@ -683,8 +660,8 @@ def write_report(
 
     pred_obj, pred_src = _load_event_json(pred, "prediction")
     gt_obj, gt_src = _load_event_json(gt, "ground truth") if gt is not None else (None, None)
-    pred_units = _recorded_units(pred, frame_units, "prediction")
-    gt_units = _recorded_units(gt, frame_units, "ground truth") if gt is not None else None
+    pred_units = recorded_frame_units(pred, frame_units, "prediction")
+    gt_units = recorded_frame_units(gt, frame_units, "ground truth") if gt is not None else None
     units = as_frame_units(frame_units or gt_units or pred_units or FrameUnits.FRAME_INDEX)
     if pred_units is not None and pred_units is not units:
         if probs_dir is None:
@@ -693,7 +670,7 @@ def write_report(
                 f"{describe_events_file(gt_src or 'the ground truth', units)}; give the probability files (--probs) to convert, "
                 "or report files in the same units"
             )
-        pred_obj = convert_events(pred_obj, pred_units, units, _frame_id_maps(probs_dir, pred_obj), pred_src)
+        pred_obj = convert_events(pred_obj, pred_units, units, frame_id_maps(probs_dir, pred_obj), pred_src)
     if gt_obj is not None:
         check_events(pred_obj, gt=gt_obj, source=f"{pred_src} (against the ground truth {gt_src})", strict=False)
     pred_videos = {v["video_id"]: v["events"] for v in pred_obj["videos"]}

@@ -41,8 +41,8 @@ from urllib.parse import quote
 import numpy as np
 
 from monai_vce.data.video import video_source
-from monai_vce.events.metadata import convert_events, describe_events_file, events_meta_path, read_frame_units
-from monai_vce.events.probabilities import check_video_ids, load_video_probs, probability_file, video_file_name
+from monai_vce.events.metadata import convert_events, describe_events_file, frame_id_maps, recorded_frame_units
+from monai_vce.events.probabilities import check_video_ids, probability_file, video_file_name
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import ANATOMY, LABELS, PATHOLOGY, SECTIONS
 from monai_vce.metrics import check_events, load_events
@@ -410,8 +410,8 @@ def write_review_site(
         raise FileNotFoundError(f"probability folder {safe_text(probs_dir)} not found (or not a folder)")
     pred_obj, pred_src = _load_events_arg(pred, "prediction")
     gt_obj = _load_events_arg(gt, "ground truth")[0] if gt is not None else None
-    pred_units = _recorded_units(pred, frame_units, "prediction")
-    gt_units = _recorded_units(gt, frame_units, "ground truth") if gt is not None else None
+    pred_units = recorded_frame_units(pred, frame_units, "prediction")
+    gt_units = recorded_frame_units(gt, frame_units, "ground truth") if gt is not None else None
     units = as_frame_units(frame_units or gt_units or pred_units or FrameUnits.FRAME_INDEX)
     if pred_units is not None and pred_units is not units:
         if probs_dir is None:
@@ -420,7 +420,7 @@ def write_review_site(
                 f"{describe_events_file(gt if isinstance(gt, (str, os.PathLike)) else 'object', units)}; give the "
                 "probability files (--probs) to convert"
             )
-        pred_obj = convert_events(pred_obj, pred_units, units, _frame_id_maps(probs_dir, pred_obj), pred_src)
+        pred_obj = convert_events(pred_obj, pred_units, units, frame_id_maps(probs_dir, pred_obj), pred_src)
     frame_units = units.value
     pred_videos = {str(v["video_id"]): list(v["events"]) for v in pred_obj["videos"]}
     gt_videos = {str(v["video_id"]): list(v["events"]) for v in gt_obj["videos"]} if gt_obj is not None else None
@@ -537,28 +537,6 @@ def _write_site(
     }
     atomic_write_text(out / "index.js", js_data("VCE_INDEX", index))
     return atomic_write_text(out / "index.html", _INDEX_PAGE.format(count=len(entries)))
-
-
-def _recorded_units(obj: Any, wanted: FrameUnits | None, role: str) -> FrameUnits | None:
-    """The units recorded beside an event file (``None`` for an object or a file without them); a recording that
-    contradicts the units the caller states is refused with one line naming the file and both units."""
-    if obj is None or isinstance(obj, Mapping):
-        return None
-    recorded = read_frame_units(obj)
-    if recorded is not None and wanted is not None and recorded is not wanted:
-        raise ValueError(
-            f"the {role} {describe_events_file(obj, recorded)} is not in {wanted.value} units (recorded in "
-            f"{events_meta_path(obj).name}); give --frame-units {recorded.value} or the matching file"
-        )
-    return recorded
-
-
-def _frame_id_maps(probs_dir: PathLike, events: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    out = {}
-    for v in events["videos"]:
-        video = load_video_probs(probability_file(probs_dir, v["video_id"]))
-        out[str(v["video_id"])] = (video.frame_index, video.frame_number)
-    return out
 
 
 def _check_probs(exam: Exam, source: PathLike | None, frame_units: str) -> None:
