@@ -376,7 +376,7 @@ def test_checkpoint_write_failing_midway_keeps_previous(tmp_path: Path, monkeypa
         interval_filename="checkpoint_last.pt",
     )
     saver2.attach(engine2)
-    with pytest.raises(OSError, match="(?i)no space left"):
+    with pytest.raises(OSError, match=r"(?i)no space left"):
         engine2.run([0], max_epochs=1)
     monkeypatch.undo()
     assert (tmp_path / "checkpoint_last.pt").read_bytes() == before
