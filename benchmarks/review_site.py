@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from monai_vce.handlers.event_writer import VideoArrays, save_video_probs
+from monai_vce.handlers.event_writer import Video, save_video_probs
 from monai_vce.labels import LABELS
 from monai_vce.review import write_review_site
 
@@ -73,7 +73,7 @@ def main() -> None:
         ):
             vid = "long" if kind == "frame folder" else "1"
             probs = (rng.random((n, len(LABELS))) ** 3).astype(np.float32)
-            save_video_probs(root / kind / f"{vid}.npz", VideoArrays(vid, probs, np.arange(n), np.arange(n)))
+            save_video_probs(root / kind / f"{vid}.npz", Video(vid, probs, np.arange(n), np.arange(n)))
             pred = {"videos": [{"video_id": vid, "events": _events(n, args.events, rng)}]}
             out = root / kind / "site"
             t0 = time.perf_counter()

@@ -322,7 +322,7 @@ def test_config_file_list_syntax_matches_docs():
 def test_inference_datalist_from_folder_or_json_and_pending_frames(tmp_path, mini_galar):
     import numpy as np
 
-    from monai_vce.events import VideoArrays, probability_file, save_video_probs
+    from monai_vce.events import Video, probability_file, save_video_probs
     from monai_vce.workflows import completed_videos, galar_datalist, inference_datalist, pending_frames, video_ids
 
     from_root = inference_datalist(mini_galar)  # <dir>/frames/<video_id>/ is found
@@ -343,7 +343,7 @@ def test_inference_datalist_from_folder_or_json_and_pending_frames(tmp_path, min
     def write(vid: str, n: int, index=None, number=None) -> None:
         ids = np.arange(n, dtype=np.int64)
         index, number = (ids if a is None else np.asarray(a, np.int64) for a in (index, number))
-        save_video_probs(probability_file(probs, vid), VideoArrays(vid, np.zeros((n, 17), np.float32), index, number))
+        save_video_probs(probability_file(probs, vid), Video(vid, np.zeros((n, 17), np.float32), index, number))
 
     write(vids[0], len(first), [d["frame_index"] for d in first], [d["frame_number"] for d in first])
     # a file with the wrong number of frames (the video folder changed) does not count as complete

@@ -120,14 +120,14 @@ def test_resume_never_reuses_probabilities_of_another_model(tmp_path):
     """A probability file counts as done only when it was written from the same model file."""
     import os
 
-    from monai_vce.handlers.event_writer import VideoArrays, save_video_probs
+    from monai_vce.handlers.event_writer import Video, save_video_probs
     from monai_vce.workflows import model_fingerprint, pending_frames
 
     model = tmp_path / "model.pt"
     model.write_bytes(b"weights v1")
     data = [{"image": f"f{i}.png", "video_id": "1", "frame_index": i, "frame_number": i} for i in range(3)]
     probs = tmp_path / "probs"
-    video = VideoArrays("1", np.zeros((3, 17), np.float32), np.arange(3), np.arange(3))
+    video = Video("1", np.zeros((3, 17), np.float32), np.arange(3), np.arange(3))
     save_video_probs(probs / "1.npz", video, source=model_fingerprint(model))
     assert pending_frames(data, probs, source=model_fingerprint(model)) == []
     # the model is retrained: same path, new content

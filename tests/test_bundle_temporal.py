@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from bundle_helpers import CONFIGS, DEMO, INFERENCE, TRAIN, config_list, inference_args, run_bundle, tiny_overrides
 
-from monai_vce.events.probabilities import VideoArrays, load_video_probs, probability_file, save_video_probs
+from monai_vce.events.probabilities import Video, load_video_probs, probability_file, save_video_probs
 from monai_vce.labels import NUM_LABELS
 from monai_vce.temporal import (
     LeakageError,
@@ -189,9 +189,7 @@ def _stage_files(folder: Path, ids: list[str], features: int = 0) -> dict:
         n = 40
         probs = rng.random((n, NUM_LABELS)).astype(np.float32)
         feats = rng.standard_normal((n, features)).astype(np.float32) if features else None
-        save_video_probs(
-            probability_file(folder, vid), VideoArrays(vid, probs, np.arange(n), np.arange(n), features=feats)
-        )
+        save_video_probs(probability_file(folder, vid), Video(vid, probs, np.arange(n), np.arange(n), features=feats))
         gt["videos"].append(
             {
                 "video_id": vid,

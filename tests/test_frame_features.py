@@ -20,7 +20,7 @@ from monai.transforms import Activationsd
 from torch import nn
 
 from monai_vce.events.probabilities import (
-    VideoArrays,
+    Video,
     load_video_probs,
     pending_frames,
     probability_file,
@@ -129,14 +129,14 @@ def test_a_network_without_the_feature_module_fails_only_when_features_are_asked
 def test_files_without_features_still_load_and_are_recomputed_when_features_are_needed(tmp_path):
     probs = np.random.default_rng(0).random((4, NUM_LABELS)).astype(np.float32)
     ids = np.arange(4)
-    path = save_video_probs(probability_file(tmp_path, "v"), VideoArrays("v", probs, ids, ids), source="m")
+    path = save_video_probs(probability_file(tmp_path, "v"), Video("v", probs, ids, ids), source="m")
     assert load_video_probs(path).features is None
     assert load_video_probs(path, features=True).features is None
     datalist = [{"video_id": "v", "frame_index": i} for i in range(4)]
     assert pending_frames(datalist, tmp_path, source="m") == []
     assert len(pending_frames(datalist, tmp_path, source="m", features=True)) == 4  # needs features: recomputed
     feats = np.ones((4, 3), np.float32)
-    save_video_probs(path, VideoArrays("v", probs, ids, ids, features=feats), source="m")
+    save_video_probs(path, Video("v", probs, ids, ids, features=feats), source="m")
     assert pending_frames(datalist, tmp_path, source="m", features=True) == []
     # a refiner of probabilities reads files without features
     out = refine_folder(TemporalRefiner(network={"stages": 1, "layers": 1, "channels": 4}), tmp_path, tmp_path / "r")
@@ -172,9 +172,7 @@ def test_resume_never_mixes_refined_and_unrefined_files(tmp_path):
     frames = {}
     for vid, n in VIDEOS.items():
         frames[vid] = rng.random((n, NUM_LABELS)).astype(np.float32)
-        save_video_probs(
-            probability_file(probs_dir, vid), VideoArrays(vid, frames[vid], np.arange(n), np.arange(n)), model
-        )
+        save_video_probs(probability_file(probs_dir, vid), Video(vid, frames[vid], np.arange(n), np.arange(n)), model)
 
     def run(refiner_file: Path) -> dict:
         writer = TemporalEventWriter(
@@ -221,7 +219,7 @@ def _gather_features(local_rank: int, out_dir: str) -> None:
     import ignite.distributed as idist
 
     rank = idist.get_rank()
-    got: list[VideoArrays] = []
+    got: list[Video] = []
     collector = VideoFrameCollector(got.append, features_key="features")
     # the frames of one video spread over both ranks (as a distributed sampler spreads them); rank 1 also has "y"
     index = np.array([0, 2]) if rank == 0 else np.array([1, 3, 0])

@@ -11,7 +11,7 @@ import pytest
 
 from monai_vce.events import (
     FrameUnits,
-    VideoArrays,
+    Video,
     completed_videos,
     convert_events,
     events_meta_path,
@@ -50,7 +50,7 @@ GT_NUMBER = {
 
 def _probs(folder: Path) -> Path:
     probs = np.full((6, NUM_LABELS), 0.01, np.float32)
-    save_video_probs(probability_file(folder, "v"), VideoArrays("v", probs, INDEX, NUMBER))
+    save_video_probs(probability_file(folder, "v"), Video("v", probs, INDEX, NUMBER))
     return folder
 
 

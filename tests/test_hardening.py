@@ -386,10 +386,10 @@ def test_6_oversized_frames_are_refused_from_their_header(
 
 # ------------------------------------------------------------------------- 7 (and 16). resume checks the frames
 def test_7_resume_reuses_a_file_only_for_the_same_frames(tmp_path: Path) -> None:
-    from monai_vce.events import VideoArrays, completed_videos, pending_frames, probability_file, save_video_probs
+    from monai_vce.events import Video, completed_videos, pending_frames, probability_file, save_video_probs
 
     ids = np.arange(10, dtype=np.int64)
-    save_video_probs(probability_file(tmp_path, "1"), VideoArrays("1", _probs(10), ids, ids))
+    save_video_probs(probability_file(tmp_path, "1"), Video("1", _probs(10), ids, ids))
     same = _items("1", 10)
     assert completed_videos(same, tmp_path) == ["1"] and pending_frames(same, tmp_path) == []
     renumbered = [{**d, "frame_index": d["frame_index"] + 100, "frame_number": d["frame_number"] + 100} for d in same]
@@ -641,7 +641,7 @@ def test_same_defects_elsewhere_are_refused_in_one_line(tmp_path: Path) -> None:
     """Other readers of user files and other numeric settings: the same one-line refusals."""
     from monai_vce.data import generate_mini_galar
     from monai_vce.data.frames import resize_frame
-    from monai_vce.events import VideoArrays, load_video_probs, probability_file, save_video_probs
+    from monai_vce.events import Video, load_video_probs, probability_file, save_video_probs
     from monai_vce.postprocessing.thresholds import load_thresholds
     from monai_vce.review import write_review_site
 
@@ -654,7 +654,7 @@ def test_same_defects_elsewhere_are_refused_in_one_line(tmp_path: Path) -> None:
 
     # a probability file declaring an array of gigabytes (a damaged or hostile zip) is refused before reading
     ids = np.arange(4, dtype=np.int64)
-    path = save_video_probs(probability_file(tmp_path, "1"), VideoArrays("1", _probs(4), ids, ids))
+    path = save_video_probs(probability_file(tmp_path, "1"), Video("1", _probs(4), ids, ids))
     data = bytearray(path.read_bytes())
     entry = data.index(b"PK\x01\x02")  # central directory entry of the first array: its size field at +24
     data[entry + 24 : entry + 28] = struct.pack("<I", 0xFFFFFF00)
@@ -726,17 +726,17 @@ def test_frame_path_that_is_a_device_or_a_pipe_is_refused(tmp_path: Path) -> Non
 def test_refined_files_are_reused_only_for_the_same_frames(tmp_path: Path) -> None:
     """The refinement's resume, like inference's: a refined file is kept only when it holds the same frame ids as its
     input (before, the same frame count and source were enough, so a re-inferred, renumbered video kept stale ids)."""
-    from monai_vce.events import VideoArrays, load_video_probs, probability_file, save_video_probs
+    from monai_vce.events import Video, load_video_probs, probability_file, save_video_probs
     from monai_vce.temporal import TemporalRefiner
     from monai_vce.temporal.files import refine_folder
 
     probs, out = tmp_path / "probs", tmp_path / "refined"
     refiner = TemporalRefiner(network={"stages": 1, "layers": 1, "channels": 4})
     ids = np.arange(10, dtype=np.int64)
-    save_video_probs(probability_file(probs, "1"), VideoArrays("1", _probs(10), ids, ids), source="m")
+    save_video_probs(probability_file(probs, "1"), Video("1", _probs(10), ids, ids), source="m")
     assert refine_folder(refiner, probs, out, source="r")["written"] == ["1"]
     assert refine_folder(refiner, probs, out, source="r")["kept"] == ["1"]
-    save_video_probs(probability_file(probs, "1"), VideoArrays("1", _probs(10), ids + 100, ids + 100), source="m")
+    save_video_probs(probability_file(probs, "1"), Video("1", _probs(10), ids + 100, ids + 100), source="m")
     assert refine_folder(refiner, probs, out, source="r")["written"] == ["1"]
     np.testing.assert_array_equal(load_video_probs(probability_file(out, "1")).frame_index, ids + 100)
 

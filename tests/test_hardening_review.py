@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from monai_vce.events import save_events
-from monai_vce.events.probabilities import VideoArrays, save_video_probs
+from monai_vce.events.probabilities import Video, save_video_probs
 from monai_vce.labels import LABELS, NUM_LABELS
 from monai_vce.review import exam_file_name, write_review_site
 from monai_vce.review import thumbnails as thumbnails_mod
@@ -49,7 +49,7 @@ def exam(tmp_path):
     probs = tmp_path / "probs"
     save_video_probs(
         probs / "1.npz",
-        VideoArrays("1", np.full((N, NUM_LABELS), 0.5, np.float32), np.arange(N, dtype=np.int64), numbers),
+        Video("1", np.full((N, NUM_LABELS), 0.5, np.float32), np.arange(N, dtype=np.int64), numbers),
     )
     return {"root": tmp_path, "frames": tmp_path / "frames", "pred": pred, "probs": probs, "numbers": numbers}
 
@@ -178,7 +178,7 @@ def test_the_recorded_units_are_adopted_without_frame_units(exam):
 def test_non_finite_or_out_of_range_probabilities_are_reported(exam, value):
     p = np.full((N, NUM_LABELS), 0.5, np.float32)
     p[3, LABELS.index("ulcer")] = value
-    save_video_probs(exam["probs"] / "1.npz", VideoArrays("1", p, np.arange(N, dtype=np.int64), exam["numbers"]))
+    save_video_probs(exam["probs"] / "1.npz", Video("1", p, np.arange(N, dtype=np.int64), exam["numbers"]))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         write_review_site(

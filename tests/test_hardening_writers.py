@@ -326,7 +326,7 @@ def test_report_cli_refuses_a_folder_another_run_holds(tmp_path: Path, pred_file
 def test_refined_folder_never_replaces_a_file_it_did_not_write(tmp_path: Path) -> None:
     """``refine_folder`` pointed at a folder holding another run's probability file refuses, leaving it intact;
     its own files (recorded in the folder's manifest before they are written) are still replaced and resumed."""
-    from monai_vce.events import VideoArrays, probability_file, save_video_probs
+    from monai_vce.events import Video, probability_file, save_video_probs
     from monai_vce.temporal import TemporalRefiner
     from monai_vce.temporal.files import MANIFEST, refine_folder
 
@@ -334,8 +334,8 @@ def test_refined_folder_never_replaces_a_file_it_did_not_write(tmp_path: Path) -
     refiner = TemporalRefiner(network={"stages": 1, "layers": 1, "channels": 4})
     ids = np.arange(10, dtype=np.int64)
     rows = np.random.default_rng(0).random((10, 17)).astype(np.float32)
-    save_video_probs(probability_file(probs, "1"), VideoArrays("1", rows, ids, ids), source="m")
-    save_video_probs(probability_file(out, "1"), VideoArrays("1", rows, ids, ids), source="other run")
+    save_video_probs(probability_file(probs, "1"), Video("1", rows, ids, ids), source="m")
+    save_video_probs(probability_file(out, "1"), Video("1", rows, ids, ids), source="other run")
     before = probability_file(out, "1").read_bytes()
     with pytest.raises(ValueError, match="which the refinement did not write") as e:
         refine_folder(refiner, probs, out, source="r")

@@ -11,7 +11,7 @@ import torch
 
 from monai_vce.data import LoadVCEFramed
 from monai_vce.data.synthetic import generate_mini_galar
-from monai_vce.events import VideoArrays, load_video_probs, pending_frames, save_video_probs
+from monai_vce.events import Video, load_video_probs, pending_frames, save_video_probs
 from monai_vce.inference import (
     FramePredictor,
     FrameSignatured,
@@ -150,7 +150,7 @@ def test_resume_between_full_and_reduced_inference(mini, network, tmp_path):
     assert pending_frames(data, out, source="model-a") == data  # what the bundle's full inference infers
     for vid in ("1", "2"):  # full-inference files, as the event writer saves them
         v = load_video_probs(out / f"{vid}.npz")
-        save_video_probs(out / f"{vid}.npz", VideoArrays(vid, v.probs, v.frame_index, v.frame_number), "model-a")
+        save_video_probs(out / f"{vid}.npz", Video(vid, v.probs, v.frame_index, v.frame_number), "model-a")
     assert pending_frames(data, out, source="model-a") == []
     reduced = ReducedInference(network, data, out, stride=4, **common)
     reduced.run()

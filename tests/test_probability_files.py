@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from monai_vce.events import (
-    VideoArrays,
+    Video,
     completed_videos,
     load_video_probs,
     npz_record,
@@ -20,9 +20,9 @@ from monai_vce.report import load_probabilities
 from monai_vce.utils import atomic_save_npz
 
 
-def _video(vid: str = "7", T: int = 5, features: bool = False) -> VideoArrays:
+def _video(vid: str = "7", T: int = 5, features: bool = False) -> Video:
     rng = np.random.default_rng(0)
-    return VideoArrays(
+    return Video(
         vid,
         rng.random((T, 17), dtype=np.float32),
         np.arange(T, dtype=np.int64) + 20,

@@ -25,7 +25,7 @@ def _read_js(path: Path) -> dict:
 def probs_dir(tmp_path_factory, mini_galar):
     """Probability files of the session's mini-Galar (labels with noise), in the datalist's rows."""
     from monai_vce.data import build_galar_datalist
-    from monai_vce.handlers.event_writer import VideoArrays, save_video_probs
+    from monai_vce.handlers.event_writer import Video, save_video_probs
 
     out = tmp_path_factory.mktemp("review_probs")
     data = build_galar_datalist(mini_galar / "frames", mini_galar / "labels")
@@ -36,7 +36,7 @@ def probs_dir(tmp_path_factory, mini_galar):
         p = np.clip(0.7 * lab + 0.3 * rng.random(lab.shape), 0, 1).astype(np.float32)
         idx = np.asarray([d["frame_index"] for d in items])
         num = np.asarray([d["frame_number"] for d in items])
-        save_video_probs(out / f"{vid}.npz", VideoArrays(vid, p, idx, num))
+        save_video_probs(out / f"{vid}.npz", Video(vid, p, idx, num))
     return out
 
 

@@ -80,7 +80,7 @@ def site(tmp_path_factory, mini_galar):
     """A site of the session's mini-Galar (prediction = ground truth events, reordered) with probabilities,
     plus a video with a hostile id that reuses video 1's frames through the datalist."""
     from monai_vce.data import build_galar_datalist
-    from monai_vce.handlers.event_writer import VideoArrays, save_video_probs
+    from monai_vce.handlers.event_writer import Video, save_video_probs
     from monai_vce.metrics import load_events
     from monai_vce.review import write_review_site
 
@@ -95,7 +95,7 @@ def site(tmp_path_factory, mini_galar):
         labels = np.asarray([d["label"] for d in items], np.float32)
         idx = np.asarray([d["frame_index"] for d in items])
         num = np.asarray([d["frame_number"] for d in items])
-        save_video_probs(probs_dir / f"{vid}.npz", VideoArrays(vid, _probs_for(labels, rng), idx, num))
+        save_video_probs(probs_dir / f"{vid}.npz", Video(vid, _probs_for(labels, rng), idx, num))
     # most confident first: here simply the ground truth's events reversed, so the order is not the time order
     pred = {"videos": [{"video_id": v["video_id"], "events": v["events"][::-1]} for v in gt["videos"]]}
     index = write_review_site(pred, data, root / "site", probs_dir=probs_dir, gt=gt, fps=5.0, progress=False)
@@ -294,7 +294,7 @@ def test_hostile_video_id_stays_text(browser, site):
 
 def test_a_100000_frame_exam_opens_in_under_3_seconds(browser, tmp_path_factory, mini_galar):
     """100,000 frames (hard links to a few PNGs), probabilities and 300 events: the page is ready in < 3 s."""
-    from monai_vce.handlers.event_writer import VideoArrays, save_video_probs
+    from monai_vce.handlers.event_writer import Video, save_video_probs
     from monai_vce.review import write_review_site
 
     n = 100_000
@@ -306,7 +306,7 @@ def test_a_100000_frame_exam_opens_in_under_3_seconds(browser, tmp_path_factory,
         os.link(sources[i % len(sources)], folder / f"frame_{i:06d}.PNG")
     rng = np.random.default_rng(0)
     probs = (rng.random((n, len(LABELS))) ** 4).astype(np.float32)
-    save_video_probs(root / "probs" / "long.npz", VideoArrays("long", probs, np.arange(n), np.arange(n)))
+    save_video_probs(root / "probs" / "long.npz", Video("long", probs, np.arange(n), np.arange(n)))
     starts = np.sort(rng.choice(n - 50, 300, replace=False))
     events = [
         {"start": int(s), "end": int(s + rng.integers(1, 40)), "label": [LABELS[int(rng.integers(8, 17))]]}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from monai_vce.events.probabilities import VideoArrays, load_video_probs, probability_file, save_video_probs
+from monai_vce.events.probabilities import Video, load_video_probs, probability_file, save_video_probs
 from monai_vce.labels import NUM_LABELS, SECTIONS
 from monai_vce.temporal import RefinerEnsemble, TemporalRefiner
 from monai_vce.temporal.__main__ import main
@@ -32,7 +32,7 @@ def _write_videos(folder, n: int, seed: int, features: bool = False):
         index = np.arange(T) * 2 + 10  # ids with gaps and an offset: the events count in these units
         vid = f"vid{seed}_{i}"
         feats = rng.standard_normal((T, 6)).astype(np.float16) if features else None
-        arrays = VideoArrays(vid, probs.astype(np.float32), index, index + 1000, features=feats)
+        arrays = Video(vid, probs.astype(np.float32), index, index + 1000, features=feats)
         save_video_probs(probability_file(folder, vid), arrays)
         gt["videos"].append(
             {

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from monai_vce.events import FrameUnits, VideoArrays, as_frame_units
+from monai_vce.events import FrameUnits, Video, as_frame_units
 from monai_vce.labels import LABELS
 from monai_vce.metrics import temporal_map, tiou_key, video_average_precision
 from monai_vce.postprocessing import tune_decoder
@@ -30,7 +30,7 @@ def test_frame_units_are_the_datalist_keys():
         as_frame_units("idx")
     with pytest.warns(DeprecationWarning, match="'index' is deprecated.*'frame_index'"):
         assert as_frame_units("index") is FrameUnits.FRAME_INDEX
-    video = VideoArrays("v", np.zeros((2, 17)), np.array([3, 4]), np.array([15, 20]))
+    video = Video("v", np.zeros((2, 17)), np.array([3, 4]), np.array([15, 20]))
     assert video.frame_ids("frame_number").tolist() == [15, 20]
     with pytest.warns(DeprecationWarning):
         assert video.frame_ids("index").tolist() == [3, 4]

@@ -41,7 +41,7 @@ from .metadata import (
 )
 from .probabilities import (
     PROBS_SUFFIX,
-    VideoArrays,
+    Video,
     completed_videos,
     load_video_probs,
     model_fingerprint,
@@ -106,7 +106,7 @@ __all__ = [
     "convert_events",
     # probability files
     "PROBS_SUFFIX",
-    "VideoArrays",
+    "Video",
     "video_file_name",
     "probability_file",
     "probability_files",

@@ -58,7 +58,7 @@ from .units import MAX_FRAME_ID, FrameUnits, as_frame_units
 
 __all__ = [
     "PROBS_SUFFIX",
-    "VideoArrays",
+    "Video",
     "video_file_name",
     "video_id_of_file_name",
     "check_video_ids",
@@ -86,7 +86,7 @@ _PLAIN = frozenset(string.ascii_letters + string.digits + "-_.")
 _MAX_STEM = 200
 
 
-class VideoArrays:
+class Video:
     """The frames of one video: probabilities, both frame ids and, when known, targets and features.
 
     Rows are sorted by ``frame_index`` with duplicate frames dropped. It is the in-memory form of a probability
@@ -233,7 +233,7 @@ def probability_files(folder: PathLike) -> dict[str, Path]:
     return {vid: files[vid] for vid in sorted(files, key=natural_key)}
 
 
-def save_video_probs(path: PathLike, video: VideoArrays, source: str | None = None) -> Path:
+def save_video_probs(path: PathLike, video: Video, source: str | None = None) -> Path:
     """Write one video's probabilities (and features and the inferred mask, when it has them) in the format
     above, atomically.
 
@@ -264,7 +264,7 @@ def save_video_probs(path: PathLike, video: VideoArrays, source: str | None = No
     return atomic_save_npz(path, **arrays)
 
 
-def load_video_probs(path: PathLike, features: bool = False, video_id: str | None = None) -> VideoArrays:
+def load_video_probs(path: PathLike, features: bool = False, video_id: str | None = None) -> Video:
     """Read and check one probability file (the one reader of the format).
 
     Args:
@@ -330,7 +330,7 @@ def load_video_probs(path: PathLike, features: bool = False, video_id: str | Non
             f"probability file {path} holds video {short_repr(vid, 60)}, not {short_repr(str(video_id), 60)} "
             "(a copied or renamed file?); delete it to infer the video again"
         )
-    return VideoArrays(
+    return Video(
         vid,
         probs.astype(np.float32, copy=False),
         data["frame_index"].astype(np.int64, copy=False),

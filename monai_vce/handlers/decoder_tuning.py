@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from monai.utils import IgniteInfo, min_version, optional_import
 
-from monai_vce.events.probabilities import VideoArrays
+from monai_vce.events.probabilities import Video
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import LABELS
 from monai_vce.postprocessing.decoder import DecoderParams
@@ -239,7 +239,7 @@ class DecoderTuningHandler:
             engine.add_event_handler(Events.EPOCH_COMPLETED, self._epoch_completed)
 
 
-def _targets(video: VideoArrays) -> np.ndarray:
+def _targets(video: Video) -> np.ndarray:
     if video.targets is None:
         raise ValueError(f"video {video.video_id}: no targets collected; the F1 thresholds need them")
     return video.targets

@@ -22,7 +22,7 @@ from monai.utils import IgniteInfo, min_version, optional_import
 
 from monai_vce.events.metadata import describe_events_file
 from monai_vce.events.probabilities import (
-    VideoArrays,
+    Video,
     check_video_ids,
     load_video_probs,
     npz_frame_count,
@@ -51,7 +51,7 @@ else:
 __all__ = [
     "TemporalEventWriter",
     "VideoFrameCollector",
-    "VideoArrays",
+    "Video",
     "save_video_probs",
     "load_video_probs",
     "npz_frame_count",
@@ -224,7 +224,7 @@ class TemporalEventWriter:
         path = Path(path)
         return path if path.is_absolute() or path.parent != Path(".") else self.output_dir / path
 
-    def _save_video(self, video: VideoArrays) -> None:
+    def _save_video(self, video: Video) -> None:
         path = save_video_probs(probability_file(self.output_dir, video.video_id), video, source=self.source)
         self.written.append(video.video_id)
         self.logger.info(f"saved probabilities of video {video.video_id} ({len(video)} frames): {path}")

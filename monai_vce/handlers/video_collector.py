@@ -2,7 +2,7 @@
 
 :class:`VideoFrameCollector` reads, at every iteration, the frame probabilities of the batch (and optionally its
 targets) with the video id and both frame ids of each frame, and assembles them into one
-:class:`~monai_vce.events.VideoArrays` per video (rows sorted by ``frame_index``, repeated frames dropped). It
+:class:`~monai_vce.events.Video` per video (rows sorted by ``frame_index``, repeated frames dropped). It
 works in one of two modes:
 
 - **hand-over** (``on_video`` given; the inference writer): frames stream in video order in a single-process
@@ -32,7 +32,7 @@ import torch
 from monai.utils import IgniteInfo, evenly_divisible_all_gather, min_version, optional_import, string_list_all_gather
 
 from monai_vce.events.ground_truth import ground_truth_events
-from monai_vce.events.probabilities import VideoArrays
+from monai_vce.events.probabilities import Video
 from monai_vce.events.runs import value_runs
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import NUM_LABELS
@@ -107,7 +107,7 @@ class VideoFrameCollector:
     per-frame dicts).
 
     Args:
-        on_video: called with each complete :class:`~monai_vce.events.VideoArrays` (hand-over mode; on rank 0
+        on_video: called with each complete :class:`~monai_vce.events.Video` (hand-over mode; on rank 0
             only in distributed runs); ``None`` keeps every video for :meth:`videos` (keep mode).
         pred_key: key of the ``(B, 17)`` probabilities in the engine output.
         label_key: key of the ``(B, 17)`` targets in the engine output (or the batch); ``None`` collects none.
@@ -139,7 +139,7 @@ class VideoFrameCollector:
 
     def __init__(
         self,
-        on_video: Callable[[VideoArrays], Any] | None = None,
+        on_video: Callable[[Video], Any] | None = None,
         pred_key: str = "pred",
         label_key: str | None = None,
         video_key: str = "video_id",
@@ -189,7 +189,7 @@ class VideoFrameCollector:
         """Forget every collected frame (at the start of every epoch)."""
         # video id -> list of (probs, index, number, targets, features) chunks, in arrival order of the videos
         self._chunks: dict[str, list[_Chunk]] = {}
-        self._videos: dict[str, VideoArrays] | None = None
+        self._videos: dict[str, Video] | None = None
         self._inputs: dict[FrameUnits, dict[str, DecodingInput]] = {}
         self.completed: list[str] = []
         self._handed: set[str] = set()
@@ -316,7 +316,7 @@ class VideoFrameCollector:
         """Assemble every remaining video (gathered from all ranks in a distributed run) and hand it over."""
         self._assemble()
 
-    def _assemble(self) -> dict[str, VideoArrays]:
+    def _assemble(self) -> dict[str, Video]:
         """Gather and assemble the epoch's videos once (every rank must call it: it is collective)."""
         if self._videos is not None:
             return self._videos
@@ -397,7 +397,7 @@ class VideoFrameCollector:
         self.completed.append(vid)
         if self.streaming:
             self._handed.add(vid)
-        video = VideoArrays(
+        video = Video(
             vid,
             np.ascontiguousarray(probs, np.float32),
             index.astype(np.int64),
@@ -411,8 +411,8 @@ class VideoFrameCollector:
             self._videos[vid] = video
 
     # --- what the consumers read -----------------------------------------------------------------------------
-    def videos(self) -> dict[str, VideoArrays]:
-        """The epoch's videos ``{video_id: VideoArrays}`` (keep mode), assembled on the first call of the epoch.
+    def videos(self) -> dict[str, Video]:
+        """The epoch's videos ``{video_id: Video}`` (keep mode), assembled on the first call of the epoch.
 
         In a distributed run every rank must call it (the first call gathers the ranks' shares), and every rank
         receives every video.
@@ -443,7 +443,7 @@ class VideoFrameCollector:
             return np.zeros((0, NUM_LABELS), np.float32), np.zeros((0, NUM_LABELS), np.float32)
         return np.concatenate([v.probs for v in videos]), np.concatenate(targets)
 
-    def _ground_truth(self, video: VideoArrays, frame_ids: np.ndarray) -> list[dict[str, Any]]:
+    def _ground_truth(self, video: Video, frame_ids: np.ndarray) -> list[dict[str, Any]]:
         if self.ground_truth is not None:
             if video.video_id not in self.ground_truth:
                 raise ValueError(f"video {video.video_id}: not in the ground truth given to the collector")

@@ -36,7 +36,7 @@ from monai.utils import IgniteInfo, min_version, optional_import
 
 from monai_vce.data import VCEPrepareBatch, vce_val_transforms, video_rows
 from monai_vce.engines import FrameInferer
-from monai_vce.events.probabilities import VideoArrays, completed_videos, probability_file, save_video_probs
+from monai_vce.events.probabilities import Video, completed_videos, probability_file, save_video_probs
 from monai_vce.handlers import TemporalEventWriter, all_gather_rows
 from monai_vce.labels import NUM_LABELS
 from monai_vce.postprocessing import EventDecoder
@@ -601,7 +601,7 @@ class ReducedInference:
         items = [self.predictor.data[i] for i in rows.tolist()]
         index = np.array([int(d["frame_index"]) for d in items], dtype=np.int64)
         number = np.array([int(d.get("frame_number", d["frame_index"])) for d in items], dtype=np.int64)
-        video = VideoArrays(vid, probs, index, number, inferred=inferred)
+        video = Video(vid, probs, index, number, inferred=inferred)
         save_video_probs(probability_file(self.output_dir, vid), video, source=self.stored_source)
 
     def run(self) -> Any:

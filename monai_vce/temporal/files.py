@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from monai_vce.events.probabilities import (
-    VideoArrays,
+    Video,
     load_video_probs,
     probability_file,
     probability_files,
@@ -52,7 +52,7 @@ def video_files(folder: PathLike) -> dict[str, Path]:
     return files
 
 
-def _with_features(path: Path, needed: bool) -> VideoArrays:
+def _with_features(path: Path, needed: bool) -> Video:
     video = load_video_probs(path, features=needed)
     if needed and video.features is None:
         raise ValueError(f"probability file {path} has no 'features' array (the refiner's inputs need it)")
@@ -107,7 +107,7 @@ def read_videos(
     return out
 
 
-def _refined_from(target: Path, video: VideoArrays, source: str) -> bool:
+def _refined_from(target: Path, video: Video, source: str) -> bool:
     """Whether ``target`` is the refined file of ``video`` by ``source``: the same frames (ids, not just their count:
     a video re-inferred after its frames were renumbered is refined again)."""
     if not target.is_file():
@@ -202,7 +202,7 @@ def refine_folder(
             refined = refiner.refine(video.probs, video.features, chunk_size=chunk_size)
         except ValueError as e:
             raise ValueError(f"probability file {path}: {e}") from None
-        save_video_probs(target, VideoArrays(vid, refined, video.frame_index, video.frame_number), source=source)
+        save_video_probs(target, Video(vid, refined, video.frame_index, video.frame_number), source=source)
         written.append(vid)
         if log:
             log(f"{vid}: {len(video)} frames refined")

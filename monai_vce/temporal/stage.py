@@ -35,7 +35,7 @@ import torch
 
 from monai_vce.events.composition import events_to_frames
 from monai_vce.events.probabilities import (
-    VideoArrays,
+    Video,
     load_video_probs,
     probability_file,
     probability_files,
@@ -108,7 +108,7 @@ def _ground_truth(ground_truth: PathLike | Mapping[str, Any]) -> dict[str, list[
 
 def _read_videos(
     probs_dir: Path, video_ids: Sequence[str], gt: Mapping[str, list], units: FrameUnits, features: bool
-) -> tuple[dict[str, tuple], dict[str, VideoArrays]]:
+) -> tuple[dict[str, tuple], dict[str, Video]]:
     videos, arrays = {}, {}
     for vid in video_ids:
         path = probability_file(probs_dir, vid)
@@ -249,7 +249,7 @@ def fit_temporal_stage(
     if oof_dir is not None:
         for vid in ids:
             a = arrays[vid]
-            video = VideoArrays(vid, fit.refined[vid], a.frame_index, a.frame_number)
+            video = Video(vid, fit.refined[vid], a.frame_index, a.frame_number)
             save_video_probs(probability_file(oof_dir, vid), video, source=f"{a.source} | out-of-fold refiner")
     chosen = fit.refiner.to("cpu")
     chosen.fit_info = {
