@@ -7,8 +7,8 @@ at float32. The median wall-clock and process CPU time per batch and their ratio
 a Markdown table; CPU time is less sensitive than wall time to other processes sharing the cores.
 
 Variants: ``plain``; the attention variants ``paper`` (constant lambda_init, no sub-norm), ``diff_transformer``
-(Ye et al.'s, with the per-head sub-norm) and ``preserving`` with the default ``attn_impl="auto"`` (one fused
-``scaled_dot_product_attention`` call per block, on CPU too); ``diff_transformer (explicit)``, the explicit-map
+(Ye et al.'s, with the per-head sub-norm), ``preserving`` and ``authors`` (the paper authors' head-group layout) with
+the default ``attn_impl="auto"`` (one fused ``scaled_dot_product_attention`` call per block, on CPU too); ``diff_transformer (explicit)``, the explicit-map
 reference path (``--explicit-variant``). The load average of the machine before and after the run is printed with the table.
 
 Usage (from the repository root)::
@@ -51,6 +51,7 @@ def main() -> None:
         ("paper", "paper", "auto"),
         ("diff_transformer", "diff_transformer", "auto"),
         ("preserving", "preserving", "auto"),
+        ("authors", "authors", "auto"),
         ("diff_transformer (explicit)", "diff_transformer", "explicit"),
     ):
         if impl == "explicit" and not args.explicit_variant:

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from monai_vce.data.synthetic import find_galar_events
+from monai_vce.events import Video
 from monai_vce.metrics import temporal_map
 from monai_vce.postprocessing import (
     NOISE_LEVELS,
@@ -80,18 +81,18 @@ def main() -> None:
             events = by_id[k]["events"]
             ids = np.arange(max(e["end"] for e in events) + 1)
             truth = events_to_frames(events, ids)
-            sim[k] = (simulate_probabilities(truth, level, seed=[args.seed, j]), ids, events)
+            sim[k] = Video(k, simulate_probabilities(truth, level, seed=[args.seed, j]), ids, ids, events=events)
         t_sim = time.perf_counter() - t0
         empty = temporal_map(gt_test, {"videos": [{"video_id": k, "events": []} for k in test_ids]})
         rows.append((level, "empty", empty["mAP@0.5"], empty["mAP@0.95"], ""))
         for name, params in variants.items():
-            pred = decode_videos({k: sim[k][:2] for k in test_ids}, EventDecoder(params))
+            pred = decode_videos([sim[k] for k in test_ids], EventDecoder(params))
             res = temporal_map(gt_test, pred)
             rows.append((level, name, res["mAP@0.5"], res["mAP@0.95"], ""))
         t0 = time.perf_counter()
         tuned = tune_decoder([sim[k] for k in tune_ids], rounds=args.rounds)
         t_tune = time.perf_counter() - t0
-        pred = decode_videos({k: sim[k][:2] for k in test_ids}, EventDecoder(tuned))
+        pred = decode_videos([sim[k] for k in test_ids], EventDecoder(tuned))
         res = temporal_map(gt_test, pred)
         emitted = sum(tuned["labels"][n]["presence"]["feature"] != "never" for n in tuned["labels"])
         note = (

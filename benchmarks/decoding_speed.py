@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from monai_vce.data.synthetic import find_galar_events
+from monai_vce.events import Video
 from monai_vce.metrics import temporal_map, temporal_map_reference
 from monai_vce.postprocessing import (
     DecoderParams,
@@ -41,8 +42,9 @@ def main() -> None:
     probs = {}
     for j, v in enumerate(gt["videos"]):
         ids = np.arange(max(e["end"] for e in v["events"]) + 1)
-        probs[v["video_id"]] = (simulate_probabilities(events_to_frames(v["events"], ids), args.level, seed=j), ids)
-    frames = sum(p.shape[0] for p, _ in probs.values())
+        p = simulate_probabilities(events_to_frames(v["events"], ids), args.level, seed=j)
+        probs[v["video_id"]] = Video(v["video_id"], p, ids, ids)
+    frames = sum(len(v) for v in probs.values())
     print(f"{len(probs)} videos, {frames} frames x 17 labels, noise {args.level}")
 
     rows = []

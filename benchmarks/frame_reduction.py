@@ -77,20 +77,18 @@ def noise_variants(levels: Sequence[str], extra: Sequence[str]) -> dict[str, dic
 
 def simulate(videos: Sequence[dict], level: dict | str, seed: int) -> list[tuple[np.ndarray, np.ndarray, list]]:
     """``(probs, frame ids, events)`` of every video, drawn as ``benchmarks/decoding.py`` draws them."""
+    from monai_vce.events import Video
     from monai_vce.postprocessing import events_to_frames, simulate_probabilities
 
     out = []
     for j, v in enumerate(videos):
         ids = np.arange(max(e["end"] for e in v["events"]) + 1)
-        out.append(
-            (simulate_probabilities(events_to_frames(v["events"], ids), level, seed=[seed, j]), ids, v["events"])
-        )
+        probs = simulate_probabilities(events_to_frames(v["events"], ids), level, seed=[seed, j])
+        out.append(Video(v["video_id"], probs, ids, ids, events=v["events"]))
     return out
 
 
-def tuned_decoders(
-    sim: Sequence[tuple], folds: np.ndarray, level: dict | str, seed: int, rounds: int, work_dir: Path
-) -> list:
+def tuned_decoders(sim: Sequence, folds: np.ndarray, level: dict | str, seed: int, rounds: int, work_dir: Path) -> list:
     """One decoder per fold, tuned on the other folds' videos (cached in ``work_dir``)."""
     from monai_vce.postprocessing import DecoderParams, tune_decoder
 
@@ -110,7 +108,7 @@ def tuned_decoders(
     return out
 
 
-def run_method(sim: Sequence[tuple], videos: Sequence[dict], decoders: list, folds: np.ndarray, kwargs: dict) -> dict:
+def run_method(sim: Sequence, videos: Sequence[dict], decoders: list, folds: np.ndarray, kwargs: dict) -> dict:
     """Reduced inference of every video with a lookup as the network; events, frames inferred, calls, time."""
     from monai_vce.inference import adaptive_inference
     from monai_vce.postprocessing import EventDecoder
@@ -118,7 +116,8 @@ def run_method(sim: Sequence[tuple], videos: Sequence[dict], decoders: list, fol
     decs = [EventDecoder(p) for p in decoders]
     pred, inferred, frames, calls = [], 0, 0, []
     t = time.perf_counter()
-    for j, (probs, ids, _) in enumerate(sim):
+    for j, video in enumerate(sim):
+        probs, ids = video.probs, video.frame_index
         n = [0]
 
         def lookup(rows: np.ndarray, probs: np.ndarray = probs, n: list = n) -> np.ndarray:

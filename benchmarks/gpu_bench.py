@@ -14,7 +14,7 @@ autocast):
   the share of frames that went through the network is given (with random weights the refinement has little to
   go on, so that share is not the one of a trained model);
 - training, model only: forward + asymmetric focal loss + backward + AdamW step on device-resident batches;
-- training, end to end: the same fed by the training augmentations (:func:`monai_vce.data.vce_train_transforms`)
+- training, end to end: the same fed by the training augmentations (``train#preprocessing`` of ``bundle/configs/train.json``)
   in the workers;
 - the plain ViT / differential attention ratio (model-only inference and training, eager);
 - peak device memory of each phase.
@@ -178,6 +178,7 @@ def bundle_inference(
     from monai.bundle import ConfigWorkflow
 
     from monai_vce.events.probabilities import load_video_probs, probability_files
+    from monai_vce.stages import decode
 
     keys = {"stride": 1, "refine": True, "budget": None, "margin": 0.3, "duplicate_tolerance": 0.0, "options": {}}
     with tempfile.TemporaryDirectory() as out:
@@ -205,6 +206,7 @@ def bundle_inference(
             resume=False,
             compile=False,  # a compiled model is passed in as the network
             reduction={**keys, **(reduction or {})},
+            **{"decode#_disabled_": True},  # decoded below, timed on its own
         )
         wf.initialize()
         for name in ("dataset", "evaluator", "reduced_inference"):  # built before the clock starts
@@ -217,7 +219,8 @@ def bundle_inference(
         _sync(device)
         wall = time.perf_counter() - t
         t = time.perf_counter()
-        wf.parser.get_parsed_content("event_writer").write_events()
+        parsed = wf.parser.get_parsed_content
+        decode(Path(out) / "probs", Path(out) / "events.json", parsed("decoder"), parsed("videos"))
         events_s = time.perf_counter() - t
         wf.finalize()
         videos = [load_video_probs(p) for p in probability_files(Path(out) / "probs").values()]
@@ -263,13 +266,15 @@ def train_model_only(model, device, image_size: int, batch: int, steps: int) -> 
 def train_end_to_end(
     model, device, data: Sequence[dict], image_size: int, batch: int, steps: int, workers: int
 ) -> float:
+    from monai.bundle import ConfigParser
     from monai.data import Dataset
 
-    from monai_vce.data import vce_train_transforms
-
+    parser = ConfigParser()
+    parser.read_config(str(BUNDLE / "configs" / "train.json"))
+    parser["image_size"] = image_size
     step = _train_step_fn(model, device)
     loader = _loader(
-        Dataset(list(data), vce_train_transforms(image_size=image_size)),
+        Dataset(list(data), parser.get_parsed_content("train#preprocessing")),
         batch,
         workers,
         device,

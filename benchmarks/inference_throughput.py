@@ -59,13 +59,15 @@ def _network(tiny: bool) -> torch.nn.Module:
     return net.eval()
 
 
-def _by_video(datalist: Sequence[dict], probs: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _by_video(datalist: Sequence[dict], probs: np.ndarray) -> list:
+    from monai_vce.events import Video
+
     vids = np.array([d["video_id"] for d in datalist])
     ids = np.array([d["frame_index"] for d in datalist], dtype=np.int64)
-    out = {}
+    out = []
     for v in dict.fromkeys(vids.tolist()):
         sel = vids == v
-        out[v] = (probs[sel], ids[sel])
+        out.append(Video(v, probs[sel], ids[sel], ids[sel]))
     return out
 
 

@@ -1,6 +1,6 @@
 """Ablation of the training recipe: the ``paper`` preset, the ``project`` preset and single changes of the latter.
 
-Every arm trains the bundle (``train.json`` + a preset file + overrides, through ``monai.bundle.ConfigWorkflow``,
+Every arm trains the bundle (``train.json`` [+ ``paper.json``] + overrides, through ``monai.bundle.ConfigWorkflow``,
 the same code path as ``python -m monai.bundle run training``) on a generated mini-Galar with the tiny offline
 backbone, validates once at the end on the validation videos (which tune the thresholds and the decoder), then
 runs the bundle's inference (``inference.json`` + the same preset) on held-out generated videos of another seed
@@ -79,14 +79,14 @@ class LegacyAsymmetricFocalLoss(_Loss):
         return (-(t * w_pos * F.logsigmoid(x) + (1.0 - t) * w_neg * log_1m_pm)).mean()
 
 
-#: arm name -> (preset file, overrides on top of it)
-ARMS: dict[str, tuple[str, dict[str, Any]]] = {
-    "project, old loss": ("project.json", {"train#loss": "legacy"}),
-    "project": ("project.json", {}),
-    "project + paper attention": ("project.json", {"attention_variant": "paper"}),
-    "project + positive weights": ("project.json", {"positive_weights": True}),
-    "project + contrastive": ("project.json", {"contrastive_weight": 0.4}),
-    "paper": ("paper.json", {}),
+#: arm name -> (preset files over train.json, overrides on top of them); train.json alone is the project's recipe
+ARMS: dict[str, tuple[list[str], dict[str, Any]]] = {
+    "project, old loss": ([], {"train#loss": "legacy"}),
+    "project": ([], {}),
+    "project + paper attention": ([], {"attention_variant": "paper"}),
+    "project + positive weights": ([], {"positive_weights": True}),
+    "project + contrastive": ([], {"contrastive_weight": 0.4}),
+    "paper": (["paper.json"], {}),
 }
 
 
@@ -153,8 +153,9 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, data: dict[str, str])
     result_file = run_dir / "result.json"
     if result_file.is_file():
         return json.loads(result_file.read_text())
-    preset, extra = ARMS[arm]
-    files = [str(CONFIGS / "train.json"), str(CONFIGS / preset)]
+    presets, extra = ARMS[arm]
+    presets = [str(CONFIGS / f) for f in presets]
+    files = [str(CONFIGS / "train.json"), *presets]
     override = {
         **tiny_scale(args.epochs),
         **extra,
@@ -191,7 +192,7 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, data: dict[str, str])
         }
     )
     t0 = time.perf_counter()
-    wf = _workflow([str(CONFIGS / "inference.json"), str(CONFIGS / preset)], "infer", infer_override)
+    wf = _workflow([str(CONFIGS / "inference.json"), *presets], "infer", infer_override)
     events_file = Path(wf.parser.get_parsed_content("events_file"))
     probs_dir = Path(wf.parser.get_parsed_content("probs_dir"))
     wf.run()

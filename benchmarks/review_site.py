@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from monai_vce.handlers.event_writer import Video, save_video_probs
+from monai_vce.events import Video, save_video_probs
 from monai_vce.labels import LABELS
 from monai_vce.review import write_review_site
 

@@ -61,6 +61,7 @@ import numpy as np
 import torch
 
 from monai_vce.data.synthetic import find_galar_events
+from monai_vce.events import Video, with_ground_truth
 from monai_vce.inference.interpolation import logit, sigmoid
 from monai_vce.labels import LABELS, SECTIONS
 from monai_vce.metrics import temporal_map
@@ -98,16 +99,14 @@ SHIFTED: dict[str, float] = {
 LEVELS: dict[str, Any] = {**NOISE_LEVELS, "shifted": SHIFTED}
 
 
-def _simulate(videos: list[dict], level: str, seed: int) -> dict[str, tuple]:
+def _simulate(videos: list[dict], level: str, seed: int) -> dict[str, Video]:
     sim = {}
     for j, v in enumerate(videos):
         events = v["events"]
         ids = np.arange(max(e["end"] for e in events) + 1)
-        sim[v["video_id"]] = (
-            simulate_probabilities(events_to_frames(events, ids), LEVELS[level], seed=np.random.default_rng([seed, j])),
-            ids,
-            events,
-        )
+        rng = np.random.default_rng([seed, j])
+        probs = simulate_probabilities(events_to_frames(events, ids), LEVELS[level], seed=rng)
+        sim[v["video_id"]] = with_ground_truth(Video(v["video_id"], probs, ids, ids), events, "frame_index")
     return sim
 
 
@@ -132,7 +131,7 @@ def _peak_rss_mib() -> float:
 
 def _tune_and_score(
     name: str,
-    inputs: dict[str, dict[str, tuple]],
+    inputs: dict[str, dict[str, Video]],
     tuned: dict[str, Any],
     test_probs: dict[str, dict[str, np.ndarray]],
     frame_ids: dict[str, np.ndarray],
@@ -145,11 +144,12 @@ def _tune_and_score(
     same = next((n for n in tuned if inputs[n] is inputs[name]), None)
     tuned[name] = tuned[same] if same else tune_decoder(inputs[name], rounds=rounds)
     seconds = time.perf_counter() - t0
-    decoded = decode_videos({k: (test_probs[name][k], ids) for k, ids in frame_ids.items()}, EventDecoder(tuned[name]))
+    test = [Video(k, test_probs[name][k], ids, ids) for k, ids in frame_ids.items()]
+    decoded = decode_videos(test, EventDecoder(tuned[name]))
     return _score(gt_test, decoded), _per_label(gt_test, decoded), seconds
 
 
-def _cached_cross_fit(args: argparse.Namespace, level: str, fit: dict[str, tuple], kwargs: dict[str, Any]):
+def _cached_cross_fit(args: argparse.Namespace, level: str, fit: dict[str, Video], kwargs: dict[str, Any]):
     """``cross_fit_refiner`` of the fitting videos, read from / written to ``--cache`` when given.
 
     The fits take most of a run; with a cache, decoding variants of the same fits rerun in minutes. The key
@@ -208,8 +208,8 @@ def run_levels(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
     for level in args.levels:
         sim = _simulate(videos, level, args.seed)
         fit = {k: sim[k] for k in fit_ids}
-        inputs: dict[str, dict[str, tuple]] = {"decoder": fit}
-        test_probs: dict[str, dict[str, np.ndarray]] = {"decoder": {k: sim[k][0] for k in test_ids}}
+        inputs: dict[str, dict[str, Video]] = {"decoder": fit}
+        test_probs: dict[str, dict[str, np.ndarray]] = {"decoder": {k: sim[k].probs for k in test_ids}}
 
         t0 = time.perf_counter()
         # fitted with nothing passed through; the default (sections passed through) is derived from the same fits;
@@ -218,20 +218,20 @@ def run_levels(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
         cross = _cached_cross_fit(args, level, fit, kwargs)
         t_fit = time.perf_counter() - t0
         ensemble = RefinerEnsemble(cross.fold_refiners)
-        refined_test = {k: ensemble.refine(sim[k][0]) for k in test_ids}
-        inputs["refiner"] = {k: (passthrough(cross.refined[k], sim[k][0]), *sim[k][1:]) for k in fit_ids}
-        test_probs["refiner"] = {k: passthrough(refined_test[k], sim[k][0]) for k in test_ids}
+        refined_test = {k: ensemble.refine(sim[k].probs) for k in test_ids}
+        inputs["refiner"] = {k: sim[k].replace(probs=passthrough(cross.refined[k], sim[k].probs)) for k in fit_ids}
+        test_probs["refiner"] = {k: passthrough(refined_test[k], sim[k].probs) for k in test_ids}
         if cross.refiner is not None:  # the same out-of-fold tuning inputs, hence the same decoder (tuned once)
             inputs["refiner, refitted on all videos"] = inputs["refiner"]
             test_probs["refiner, refitted on all videos"] = {
-                k: passthrough(cross.refiner.refine(sim[k][0]), sim[k][0]) for k in test_ids
+                k: passthrough(cross.refiner.refine(sim[k].probs), sim[k].probs) for k in test_ids
             }
         inputs["refiner, every label refined"] = cross.tuning_videos(fit)
         test_probs["refiner, every label refined"] = refined_test
 
         tuned: dict[str, Any] = {}
         scores, seconds, labels = {}, {}, {}
-        frame_ids = {k: sim[k][1] for k in test_ids}
+        frame_ids = {k: sim[k].frame_index for k in test_ids}
 
         for name in list(inputs):
             scores[name], labels[name], seconds[name] = _tune_and_score(
@@ -241,13 +241,13 @@ def run_levels(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
             # ensemble in logit space: same decoder as the refiner row
             inputs["refiner, logit-mean ensemble"] = inputs["refiner"]
             test_probs["refiner, logit-mean ensemble"] = {
-                k: passthrough(_logit_mean(cross.fold_refiners, sim[k][0]), sim[k][0]) for k in test_ids
+                k: passthrough(_logit_mean(cross.fold_refiners, sim[k].probs), sim[k].probs) for k in test_ids
             }
             # labels passed through where the decoder alone beats the refined labels on the fitting videos
             fit_gt = {"videos": [by_id[k] for k in fit_ids]}
             own = {}
             for name in ("decoder", "refiner, every label refined"):
-                dec = decode_videos({k: (inputs[name][k][0], sim[k][1]) for k in fit_ids}, EventDecoder(tuned[name]))
+                dec = decode_videos([inputs[name][k] for k in fit_ids], EventDecoder(tuned[name]))
                 per = temporal_map(fit_gt, dec)["per_label"]
                 own[name] = {n: (per[n]["0.5"] + per[n]["0.95"]) / 2 for n in LABELS}
             chosen_pass = [
@@ -256,9 +256,9 @@ def run_levels(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
             print(f"[{level}] passed through by the fitting videos: {[LABELS[i] for i in chosen_pass]}", flush=True)
             chosen_name = "refiner, passthrough chosen per label"
             inputs[chosen_name] = {
-                k: (passthrough(cross.refined[k], sim[k][0], chosen_pass), *sim[k][1:]) for k in fit_ids
+                k: sim[k].replace(probs=passthrough(cross.refined[k], sim[k].probs, chosen_pass)) for k in fit_ids
             }
-            test_probs[chosen_name] = {k: passthrough(refined_test[k], sim[k][0], chosen_pass) for k in test_ids}
+            test_probs[chosen_name] = {k: passthrough(refined_test[k], sim[k].probs, chosen_pass) for k in test_ids}
             for name in ("refiner, logit-mean ensemble", chosen_name):
                 scores[name], labels[name], seconds[name] = _tune_and_score(
                     name, inputs, tuned, test_probs, frame_ids, gt_test, args.rounds
@@ -340,7 +340,7 @@ def run_ceiling(args: argparse.Namespace) -> None:
 def run_fit_all(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
     videos = json.loads(Path(args.gt).read_text())["videos"]
     sim = _simulate(videos, "medium", args.seed)
-    frames = sum(len(s[1]) for s in sim.values())
+    frames = sum(len(s) for s in sim.values())
     before = _peak_rss_mib()
     t0 = time.perf_counter()
     refiner = fit_refiner(sim, **fit_kwargs)

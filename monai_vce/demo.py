@@ -1,23 +1,6 @@
 """The offline demo of the bundle: train, validate, tune, export and infer on generated data, in minutes on a CPU.
 
-``python -m monai_vce.demo`` runs the bundle's own workflows in order through ``monai.bundle`` (the same code
-paths as the command lines it prints), with ``bundle/configs/demo.json`` merged over each config:
-
-1. training (``train.json`` + ``demo.json``): a generated mini-Galar, the tiny offline backbone, validation on
-   whole videos, per-class thresholds and decoder tuning at the best epoch;
-2. the temporal stage (``run temporal`` of ``train.json`` + ``temporal_train.json`` + ``demo.json``): the best
-   model's outputs on the validation videos, a temporal refiner cross-fitted on them and a decoder tuned on its
-   out-of-fold refined probabilities;
-3. export (``ckpt_export``) of the best model to TorchScript with ``inference.json`` embedded, checked against
-   the eager network;
-4. inference (``inference.json`` + ``demo.json``) on held-out generated videos: per-video probability files
-   and one challenge event JSON; then the same with ``temporal_inference.json`` (frame model, refiner, decoder),
-   reusing the frame model's probability files;
-5. scoring of both JSONs against the held-out ground truth, side by side, next to the empty submission's score.
-
-Everything is written under ``<bundle>/demo/``; a rerun reuses the generated data. The console shows one progress
-bar per stage (on a terminal) and the results; the full log goes to ``<bundle>/demo/demo.log`` (``--verbose``
-prints it on the console too). A failure ends with the error's one-line message.
+``python -m monai_vce.demo`` writes under ``<bundle>/demo/`` (log: ``demo.log``).
 """
 
 from __future__ import annotations
@@ -35,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from monai_vce.cli import command_main, print_error
 from monai_vce.events import describe_events_file, load_events, read_frame_units
 from monai_vce.metrics import temporal_map
 from monai_vce.utils import atomic_write_json, default_bundle_root, error_summary
@@ -278,7 +262,7 @@ def run_demo(
     }
     summary["frame_units"] = None if (units := read_frame_units(events_file)) is None else units.value
     atomic_write_json(demo_dir / "summary.json", summary)
-    metric_cmd = f"python -m monai_vce.metrics --gt {_shown_path(test_dir / 'ground_truth.json')} --pred {_shown_path(events_file)}"
+    metric_cmd = f"python -m monai_vce metrics --gt {_shown_path(test_dir / 'ground_truth.json')} --events {_shown_path(events_file)}"
     say(f"\n== 6/6 held-out temporal mAP on {len(gt['videos'])} videos: {metric_cmd}")
     say(f"{'pipeline':<34} {'mAP@0.5':>8} {'mAP@0.95':>9}")
     for name, a, b in (
@@ -300,9 +284,13 @@ def run_demo(
     return summary
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line entry point: ``python -m monai_vce.demo``."""
-    p = argparse.ArgumentParser(prog="python -m monai_vce.demo", description=__doc__.split("\n\n")[0])
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``demo`` command to ``subparsers``; returns its parser."""
+    p = subparsers.add_parser(
+        "demo",
+        description="The offline demo of the bundle: train, validate, tune, export and infer on generated data, "
+        "in minutes on a CPU; everything is written under <bundle>/demo/, the full log to <bundle>/demo/demo.log.",
+    )
     p.add_argument("--bundle-root", default=None, help="bundle folder (default: bundle/ of this repository)")
     p.add_argument("--max-epochs", type=int, default=None, help="override the demo's number of epochs")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
@@ -314,7 +302,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="torch's intra-op threads (default: OMP_NUM_THREADS when set, else 1: the tiny network gains nothing "
         "from more, and on a busy machine they wait on each other)",
     )
-    args = p.parse_args(argv)
+    p.set_defaults(run=run, own_console=True)  # its console, log file and last error line are its own
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo of ``args``; returns the exit code (0, or 1 when it failed: the error's one line is printed last)."""
     threads = args.threads if args.threads is not None else (None if os.environ.get("OMP_NUM_THREADS") else 1)
     if threads is not None:
         import torch
@@ -330,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # the full traceback goes to the log; the one-line cause is the last line shown
         console.to_file(f"the demo failed:\n{traceback.format_exc()}")
         print(f"\nthe demo failed; full traceback in {_shown_path(console.log_file)}", file=sys.stderr)
-        print(f"error: {error_summary(e)}", file=sys.stderr, flush=True)
+        print_error(error_summary(e))
         return 1
     finally:
         _CONSOLES.remove(console)
@@ -340,6 +333,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(f"log: {_shown_path(console.log_file)}")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m monai_vce.demo``, the same as ``python -m monai_vce demo``; returns the exit code."""
+    return command_main(add_parser, argv, "python -m monai_vce.demo")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,5 @@
-"""The 17 RARE-VISION labels of the Galar dataset, their groups and the clinical text prompts.
-
-Every array of per-label values in ``monai_vce`` (targets, probabilities, thresholds) uses the order of
-:data:`LABELS`. Names are the lower-case, space-separated names of the Galar label CSVs and of the
-challenge's event JSON.
+"""The 17 RARE-VISION labels of the Galar dataset, their groups and the clinical text prompts; every per-label array
+uses the order of :data:`LABELS`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Small shared helpers: atomic file writing, exclusive output-folder locks, natural sort order, the bundle folder,
-lazily computed sequences and mappings, the one-line summary of a failed run.
-
-Every file the project writes goes through :func:`atomic_write_bytes` (temporary file in the same folder,
-``fsync``, ``os.replace``), so a file that exists under its final name is complete, and a run killed at
-any moment leaves either the previous version or the new one, never half of one.
+"""Small shared helpers: atomic writes, checked file and JSON reading, output-folder locks, checksums of weight files,
+natural sort order, the bundle folder, lazy sequences and mappings, the one-line summary of a failed run.
 """
 
 from __future__ import annotations
@@ -19,17 +15,15 @@ import os
 import re
 import sys
 import tempfile
-import warnings
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, ClassVar, TypeVar
+from typing import Any, BinaryIO, ClassVar
 
 __all__ = [
     "default_bundle_root",
     "natural_key",
-    "renamed_arguments",
     "short_repr",
     "safe_text",
     "check_setting",
@@ -692,45 +686,6 @@ def natural_key(text: str) -> tuple:
     return tuple((0, int(p), p) if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", str(text)) if p != "")
 
 
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def renamed_arguments(**renames: str) -> Callable[[_F], _F]:
-    """Decorator: keyword arguments renamed in this release keep working for one more, with a DeprecationWarning.
-
-    Example::
-
-        @renamed_arguments(thresholds="tiou_thresholds")
-        def temporal_map(gt, pred, tiou_thresholds=(0.5, 0.95)): ...
-
-        temporal_map(gt, pred, thresholds=[0.5])   # works, warns that 'thresholds' is now 'tiou_thresholds'
-
-    Args:
-        renames: ``old_name="new_name"`` pairs.
-    """
-
-    def decorate(fn: _F) -> _F:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            for old, new in renames.items():
-                if old in kwargs:
-                    name = fn.__qualname__.replace(".__init__", "")
-                    if new in kwargs:
-                        raise TypeError(f"{name}() got both {old!r} (its former name) and {new!r}")
-                    warnings.warn(
-                        f"{name}(): argument {old!r} is deprecated and will be removed in the next release; "
-                        f"use {new!r}",
-                        DeprecationWarning,
-                        stacklevel=2,
-                    )
-                    kwargs[new] = kwargs.pop(old)
-            return fn(*args, **kwargs)
-
-        return wrapper  # type: ignore[return-value]
-
-    return decorate
-
-
 def error_summary(exc: BaseException) -> str:
     """The root cause of an exception chain in one line: ``"Type: message"`` of its innermost exception.
 
@@ -834,7 +789,7 @@ def check_torch_seal(path: PathLike, what: str = "file") -> bool:
 
     Returns:
         ``True`` when the file carries a checksum and it matches; ``False`` (after one logged note) when it carries
-        none: a file from elsewhere, or written before files were sealed.
+        none: a file written elsewhere (e.g. a downloaded checkpoint).
 
     Raises:
         ValueError: the checksum does not match the content, or a record is damaged (one line naming the file).
@@ -858,8 +813,7 @@ def check_torch_seal(path: PathLike, what: str = "file") -> bool:
                 f"{what} {path} is damaged ({str(e).splitlines()[0]}); use an intact copy of the file"
             ) from None
         logging.getLogger("monai_vce").warning(
-            "note: %s %s carries no monai_vce checksum (written elsewhere or by an older version); "
-            "it is read without an integrity check",
+            "note: %s %s carries no monai_vce checksum (written elsewhere); it is read without an integrity check",
             what,
             safe_text(str(path)),
         )

@@ -1,46 +1,27 @@
-"""The helpers that the bundle's JSON configs call through ``$monai_vce.workflows...`` expressions.
-
-Each helper lives in the package of its concern; this module re-exports them so that existing configs and
-``$monai_vce.workflows.x`` expressions keep working:
-
-========================================================  ==============================================
-helper                                                    home
-========================================================  ==============================================
-``default_bundle_root``, ``report_errors_last``           :mod:`monai_vce.utils`
-``check_folder``, ``galar_datalist``,                     :mod:`monai_vce.data.dataset_folder`
-``galar_ground_truth``, ``inference_datalist``
-``video_ids``                                             :mod:`monai_vce.data.splits`
-``model_fingerprint``, ``completed_videos``,              :mod:`monai_vce.events.probabilities`
-``pending_frames``                                        (resumable inference)
-``ensure_mini_galar``                                     :mod:`monai_vce.data.synthetic`
-``decoder_params``                                        :func:`monai_vce.postprocessing.load_decoder`
-``check_backbone``                                        :mod:`monai_vce.networks.backbone`
-``ground_truth`` (``datalist_ground_truth``),             :mod:`monai_vce.report.evaluation`
-``evaluation_report``
-``FrameInferer``                                          :mod:`monai_vce.engines.inferer`
-``fit_temporal_stage``, ``refiner_fingerprint``,          :mod:`monai_vce.temporal.stage`
-``refiner_inputs``
-``check_settings``                                        here (the settings' table, :data:`SETTINGS`)
-========================================================  ==============================================
+"""The helpers that the bundle's JSON configs call as ``$monai_vce.workflows.<name>``: re-exports of helpers that
+live in the package of their concern, and :func:`check_settings`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+import monai.handlers
+import torch
 
 from monai_vce.data.dataset_folder import check_folder, galar_datalist, galar_ground_truth, inference_datalist
 from monai_vce.data.frames import check_image_size
 from monai_vce.data.splits import video_ids
 from monai_vce.data.synthetic import ensure_mini_galar
-from monai_vce.engines.inferer import FrameInferer
 from monai_vce.events.probabilities import completed_videos, model_fingerprint, pending_frames
 from monai_vce.inference.driver import check_reduction
 from monai_vce.networks.backbone import check_backbone
 from monai_vce.postprocessing.decoder import load_decoder as decoder_params
 from monai_vce.report.evaluation import datalist_ground_truth as ground_truth
 from monai_vce.report.evaluation import evaluation_report
+from monai_vce.stages import main_process
 from monai_vce.temporal.stage import fit_temporal_stage, refiner_fingerprint, refiner_inputs
 from monai_vce.utils import check_setting, default_bundle_root, report_errors_last
 
@@ -60,12 +41,14 @@ __all__ = [
     "check_backbone",
     "ground_truth",
     "evaluation_report",
-    "FrameInferer",
     "fit_temporal_stage",
     "refiner_fingerprint",
     "refiner_inputs",
     "SETTINGS",
     "check_settings",
+    "logging_on_rank_zero",
+    "run_inference",
+    "main_process",
 ]
 
 _PATH: tuple[str, dict[str, Any]] = ("path", {})
@@ -144,3 +127,32 @@ def check_settings(**settings: Any) -> bool:
         else:
             raise ValueError(f"check_settings: unknown setting {name!r}; known: {', '.join(SETTINGS)}, reduction")
     return True
+
+
+def run_inference(evaluator: Any, reduced_inference: Any, cpu_amp: bool = False, amp_dtype: str = "bfloat16") -> Any:
+    """Write the run's probability files: with ``reduced_inference`` when its settings reduce, else with the
+    evaluator (full inference, under ``torch.inference_mode``, CPU autocast with ``cpu_amp``).
+
+    Example (bundle JSON)::
+
+        "infer": {"_target_": "monai_vce.workflows.run_inference", "evaluator": "@evaluator",
+                  "reduced_inference": "@reduced_inference"}
+    """
+    if reduced_inference.reduced:
+        return reduced_inference.run()
+    with torch.autocast("cpu", dtype=getattr(torch, amp_dtype), enabled=bool(cpu_amp)), torch.inference_mode():
+        return evaluator.run()
+
+
+def logging_on_rank_zero(handlers: Sequence[Any]) -> list[Any]:
+    """``handlers`` without MONAI's ``StatsHandler`` and ``TensorBoardStatsHandler`` on ranks other than 0, so that
+    a distributed run logs once (``torch.distributed`` must be initialised).
+
+    Example (bundle JSON)::
+
+        "train#trainer#train_handlers": "$monai_vce.workflows.logging_on_rank_zero(@train#handlers)"
+    """
+    if torch.distributed.get_rank() == 0:
+        return list(handlers)
+    logging = (monai.handlers.StatsHandler, monai.handlers.TensorBoardStatsHandler)
+    return [h for h in handlers if not isinstance(h, logging)]

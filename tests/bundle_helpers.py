@@ -1,16 +1,23 @@
-"""Shared helpers of the bundle tests: paths, running ``python -m monai.bundle`` and one tiny training per session.
+"""Shared helpers of the bundle tests: paths, running a bundle command in this process or as a subprocess, and one
+tiny training per session.
 
-The bundle tests run the bundle the way users do (``python -m monai.bundle ...`` in a subprocess, the configs
-of ``bundle/configs`` plus ``demo.json`` and command-line overrides) on the session's tiny generated
-mini-Galar with the tiny offline backbone. The trained run is shared: :func:`trained_bundle` trains once per
-session and caches the result.
+:func:`run_in_process` runs ``python -m monai.bundle ARGS`` without starting an interpreter (the same argument
+parsing, captured output and exit status); :func:`run_bundle` starts the real command line, for the few tests that
+check what only a subprocess shows. :func:`trained_bundle` trains once per session.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
+import random
+import signal
 import subprocess
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +100,158 @@ def run_bundle(
         raise AssertionError(
             f"python -m {module} {' '.join(args)} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"
         )
+    return proc
+
+
+class InProcessRun(subprocess.CompletedProcess):
+    """The result of :func:`run_in_process`: ``args``, ``returncode``, ``stdout`` and ``stderr`` as a subprocess's."""
+
+
+@contextlib.contextmanager
+def _isolated(threads: int, env: dict[str, str]) -> Iterator[None]:
+    """Run a bundle command in this process and give back the process as it was: logging handlers and levels, the
+    exception hook, signal handlers, torch's threads, determinism and random states, numpy's and Python's random
+    states, the working folder, ``sys.path`` and the environment; output locks the run still holds (a failed run
+    skips MONAI's ``finalize``) are released, as at a process's exit."""
+    import numpy as np
+    import torch
+
+    hook, cwd, path, environ = sys.excepthook, os.getcwd(), list(sys.path), dict(os.environ)
+    root = logging.getLogger()
+    loggers = [root, *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger))]
+    log_state = [(lg, lg.level, lg.disabled, lg.propagate, list(lg.handlers)) for lg in loggers]
+    signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    torch_state = (
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.get_default_dtype(),
+        torch.get_rng_state(),
+    )
+    np_state, py_state = np.random.get_state(), random.getstate()
+    from monai_vce.utils import OutputLock
+
+    locks = set(OutputLock._held_here)
+    os.environ.update(env)
+    torch.set_num_threads(threads)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # as PYTHONWARNINGS=ignore in run_bundle's subprocesses
+            yield
+    finally:
+        for key in set(OutputLock._held_here) - locks:
+            OutputLock._held_here[key][1] = 1  # every hold of the run: the last release removes the file
+            lock = object.__new__(OutputLock)
+            lock._key = key
+            lock.release()
+        for lg, level, disabled, propagate, handlers in log_state:
+            for h in lg.handlers:
+                if h not in handlers:
+                    h.close()
+            lg.setLevel(level)
+            lg.disabled, lg.propagate, lg.handlers[:] = disabled, propagate, handlers
+        for s, handler in signals.items():
+            signal.signal(s, handler)
+        torch.set_num_threads(torch_state[0])
+        torch.use_deterministic_algorithms(torch_state[1], warn_only=torch_state[2])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = torch_state[3], torch_state[4]
+        torch.set_default_dtype(torch_state[5])
+        torch.set_rng_state(torch_state[6])
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+        sys.excepthook = hook
+        os.chdir(cwd)
+        sys.path[:] = path
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+@contextlib.contextmanager
+def _captured(out: io.StringIO, err: io.StringIO) -> Iterator[None]:
+    """Send ``sys.stdout`` / ``sys.stderr`` and the logging stream handlers already writing to them (MONAI's own
+    loggers hold one) to ``out`` / ``err``; afterwards, handlers made during the run (MONAI adds one to each new
+    logger) write to the process's streams, as they would have in a subprocess."""
+    stdout, stderr = sys.stdout, sys.stderr
+    streams = {id(s): out for s in (stdout, sys.__stdout__)} | {id(s): err for s in (stderr, sys.__stderr__)}
+    moved = []
+    for h in _stream_handlers():
+        if id(h.stream) in streams:
+            moved.append((h, h.setStream(streams[id(h.stream)])))
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            yield
+    finally:
+        for h, stream in moved:
+            h.setStream(stream)
+        for h in _stream_handlers():
+            if h.stream is out or h.stream is err:
+                h.setStream(stdout if h.stream is out else stderr)
+
+
+def _stream_handlers() -> list[logging.StreamHandler]:
+    """The plain stream handlers of every logger (file handlers and pytest's capture handlers aside)."""
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    return [h for lg in loggers for h in getattr(lg, "handlers", []) if type(h) is logging.StreamHandler]
+
+
+@contextlib.contextmanager
+def _address_space(grow_mb: int | None) -> Iterator[None]:
+    """Cap this process's address space at its current size plus ``grow_mb`` MiB (no cap for ``None``)."""
+    import resource
+
+    if grow_mb is None:
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    size = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
+    cap = size + grow_mb * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def run_in_process(
+    args: list[str], check: bool = True, threads: int = 2, memory_mb: int | None = None, **env: str
+) -> InProcessRun:
+    """Run ``python -m monai.bundle ARGS`` in this process: the command line's parsing (python-fire) and the same
+    functions, with no interpreter to start; the process is restored afterwards (see :func:`_isolated`).
+
+    Args:
+        args: the command-line arguments after ``python -m monai.bundle``.
+        check: raise an ``AssertionError`` showing the output's tail when the command fails.
+        threads: torch's thread count during the run (``OMP_NUM_THREADS`` of a subprocess).
+        memory_mb: when given, the address space may grow by at most this many MiB during the run (a subprocess's
+            ``RLIMIT_AS`` cap, see tests/capped.py): a regression allocating without bound fails the run with a
+            ``MemoryError`` instead of taking the machine down.
+        env: environment variables set during the run (``HF_HUB_OFFLINE=1`` always).
+
+    Returns:
+        the command's exit status (0, the code of a ``SystemExit``, or 1 for an exception, whose traceback and the
+        bundle's one-line summary are printed to ``stderr`` by the exception hook, as the interpreter does) and
+        its captured output.
+    """
+    import fire
+    import monai.bundle.__main__ as cli  # what ``python -m monai.bundle`` hands to python-fire: its globals
+
+    commands = {k: v for k, v in vars(cli).items() if callable(v) and not k.startswith("_")}
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with _isolated(threads, {"HF_HUB_OFFLINE": "1", **env}), _address_space(memory_mb), _captured(out, err):
+        os.chdir(REPO)
+        try:
+            fire.Fire(commands, command=list(args), name="monai.bundle")
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)  # sys.exit(): 0, a message: 1
+        except Exception as e:
+            code = 1
+            sys.excepthook(type(e), e, e.__traceback__)
+    proc = InProcessRun(args, code, out.getvalue(), err.getvalue())
+    if check and code != 0:
+        raise AssertionError(f"monai.bundle {' '.join(args)} failed ({code}):\n{(proc.stdout + proc.stderr)[-6000:]}")
     return proc
 
 

@@ -21,7 +21,7 @@ from bundle_helpers import (
     TRAIN,
     config_list,
     free_port,
-    run_bundle,
+    run_in_process,
 )
 
 TINY = {"backbone": "vce-tiny-vit-64", "pretrained": False, "image_size": 64}
@@ -119,7 +119,7 @@ def test_monai_vce_components_use_full_dotted_paths():
             if "monai_vce" in target or "." not in target:
                 if "." not in target:
                     # a short name must be a MONAI component, never one of ours
-                    assert not any(target == n for n in ("TemporalEventWriter", "DecoderTuningHandler")), target
+                    assert not any(target == n for n in ("ProbabilityWriter", "DecoderTuningHandler")), target
                     continue
                 module, name = target.rsplit(".", 1)
                 assert target.startswith("monai_vce."), target
@@ -127,7 +127,8 @@ def test_monai_vce_components_use_full_dotted_paths():
                 seen.add(target)
     assert "monai_vce.networks.DiffAttnCLIPClassifier" in seen
     assert "monai_vce.losses.AsymmetricFocalLoss" in seen
-    assert "monai_vce.handlers.TemporalEventWriter" in seen
+    assert "monai_vce.handlers.ProbabilityWriter" in seen
+    assert {"monai_vce.stages.decode", "monai_vce.stages.refine", "monai_vce.stages.write_events"} <= seen
 
 
 def test_defaults_point_at_real_use():
@@ -183,7 +184,7 @@ def test_verify_metadata_against_monais_published_schema_when_available():
 def test_demo_metadata_override_passes_verify_net_in_out():
     """The documented command for the demo's 64 px network (its own metadata override)."""
     demo_meta = str(CONFIGS / "demo_metadata.json")
-    proc = run_bundle(
+    proc = run_in_process(
         [
             "verify_net_in_out",
             "network_def",
@@ -194,12 +195,12 @@ def test_demo_metadata_override_passes_verify_net_in_out():
         ]
     )
     assert "data shape of network is verified with no error" in proc.stdout + proc.stderr
-    proc = run_bundle(["verify_metadata", "--meta_file", config_list(METADATA, demo_meta), "--filepath", SCHEMA])
+    proc = run_in_process(["verify_metadata", "--meta_file", config_list(METADATA, demo_meta), "--filepath", SCHEMA])
     assert "metadata is verified with no error" in proc.stdout + proc.stderr
 
 
 def test_verify_metadata_command_line():
-    proc = run_bundle(["verify_metadata", "--meta_file", METADATA, "--filepath", SCHEMA])
+    proc = run_in_process(["verify_metadata", "--meta_file", METADATA, "--filepath", SCHEMA])
     assert "metadata is verified with no error" in proc.stdout + proc.stderr
 
 
@@ -356,7 +357,7 @@ def test_inference_datalist_from_folder_or_json_and_pending_frames(tmp_path, min
 
 def test_readme_override_trains_without_a_sampler(tmp_path, mini_galar):
     """The README's swap example (plain BCE loss, no sampler, shuffling) trains, checkpoints and resumes."""
-    from bundle_helpers import config_list, run_bundle, tiny_overrides
+    from bundle_helpers import config_list, run_in_process, tiny_overrides
 
     override = {
         "attention": "plain",
@@ -368,9 +369,67 @@ def test_readme_override_trains_without_a_sampler(tmp_path, mini_galar):
     swap.write_text(json.dumps(override))
     out = tmp_path / "run"
     args = ["run", "training", "--config_file", config_list(TRAIN, DEMO, str(swap))]
-    run_bundle(args + tiny_overrides(mini_galar, out, max_epochs=1))
+    run_in_process(args + tiny_overrides(mini_galar, out, max_epochs=1))
     last = torch.load(out / "models" / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     assert "sampler" not in last and {"model", "optimizer", "trainer"} <= set(last)
-    run_bundle(args + tiny_overrides(mini_galar, out, max_epochs=2, resume=True))
+    run_in_process(args + tiny_overrides(mini_galar, out, max_epochs=2, resume=True))
     last = torch.load(out / "models" / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     assert last["trainer"]["max_epochs"] == 2 and last["trainer"]["iteration"] == 2 * last["trainer"]["epoch_length"]
+
+
+def _expressions(obj):
+    if isinstance(obj, str) and obj.startswith("$"):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _expressions(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _expressions(v)
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.json")), ids=lambda p: p.name)
+def test_configs_read_in_one_pass(path):
+    """Every config file: no expression over 100 characters, and one name per class (the engines' FrameInferer)."""
+    text = path.read_text()
+    long = [e for e in _expressions(json.loads(text)) if len(e) > 100]
+    assert not long, f"{path.name}: expressions over 100 characters: {long}"
+    assert "monai_vce.workflows.FrameInferer" not in text, path.name
+
+
+#: each preset or overlay file -> the files it is merged over, as the documented commands merge them
+OVERLAYS = {
+    "paper.json": ["train.json"],
+    "demo.json": ["train.json", "paper.json"],  # the widest documented merge: its contrastive_weight undoes paper's
+    "frame_cache.json": ["train.json"],
+    "multi_gpu_train.json": ["train.json"],
+    "evaluate.json": ["train.json"],
+    "temporal_train.json": ["train.json"],
+    "multi_gpu_evaluate.json": ["train.json", "evaluate.json"],
+    "multi_gpu_inference.json": ["inference.json"],
+    "temporal_inference.json": ["inference.json"],
+    "demo_metadata.json": ["metadata.json"],
+}
+
+
+def test_overlays_cover_every_config():
+    bases = {"train.json", "inference.json", "metadata.json"}
+    assert {p.name for p in CONFIGS.glob("*.json")} == bases | set(OVERLAYS)
+
+
+@pytest.mark.parametrize("name", sorted(OVERLAYS))
+def test_presets_hold_only_what_differs(name):
+    """A preset sets only what differs from the files it is merged over: no key repeats their value, and a
+    ``+key`` (MONAI's merge: append to a list) adds only new items."""
+    from monai.bundle import ConfigParser
+
+    base = ConfigParser()
+    base.read_config([str(CONFIGS / f) for f in OVERLAYS[name]])
+    repeated = []
+    for key, value in json.loads((CONFIGS / name).read_text()).items():
+        if key.startswith("+"):
+            current = base.get(key[1:], [])
+            repeated += [f"{key}: {v}" for v in value if v in current]
+        elif base.get(key, KeyError) == value:
+            repeated.append(key)
+    assert not repeated, f"{name} repeats {repeated}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 from bundle_helpers import REPO
+from doc_commands import RESULT
 
 
 def _dependency_view(folder: Path) -> Path:
@@ -41,6 +43,31 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
     return proc.stdout + proc.stderr
+
+
+def _run_commands(python: str, cmds: list[str], cwd: Path, env: dict[str, str]) -> list[str]:
+    """Run ``python -m MODULE ...`` commands one after another in one process of ``python``, each through
+    :func:`runpy.run_module` as ``python -m`` runs it (tests/doc_commands.py's runner: one import of torch and
+    MONAI for all); returns each command's output."""
+    runner = cwd.parent / "run_commands.py"
+    shutil.copy(REPO / "tests" / "doc_commands.py", runner)  # standard library only, outside any package folder
+    (cwd.parent / "commands.json").write_text(json.dumps(cmds))
+    argv = [python, str(runner), str(cwd.parent / "commands.json")]
+    # one stream: a command's output, whatever it writes to, comes before its result line
+    proc = subprocess.run(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600
+    )
+    outputs, lines = [], []
+    for line in proc.stdout.splitlines():
+        if not line.startswith(RESULT):
+            lines.append(line)
+            continue
+        result = json.loads(line[len(RESULT) :])
+        assert result["rc"] == 0, f"{result['cmd']} failed:\n{result['error']}\n" + "\n".join(lines)[-3000:]
+        outputs.append("\n".join(lines))
+        lines = []
+    assert proc.returncode == 0 and len(outputs) == len(cmds), proc.stdout[-4000:]
+    return outputs
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="symlinked dependency view")
@@ -72,17 +99,6 @@ def test_distributable_bundle_installs_offline_and_runs_from_its_folder(tmp_path
     where = _run([python, "-c", "import monai_vce; print(monai_vce.__file__)"], bundle, env).strip().splitlines()[-1]
     assert where.startswith(str(venv)), where
 
-    def bundle_cmd(*args: str) -> str:
-        return _run([python, "-m", "monai.bundle", *args], cwd=bundle, env=env)
-
-    assert "verified with no error" in bundle_cmd(
-        "verify_metadata", "--meta_file", "configs/metadata.json", "--filepath", "configs/schema/meta_schema.json"
-    )
-    # the shipped network (BiomedCLIP's architecture, random weights: pretrained is off in inference.json)
-    assert "verified with no error" in bundle_cmd(
-        "verify_net_in_out", "network_def", "--meta_file", "configs/metadata.json", "--config_file",
-        "configs/inference.json",
-    )  # fmt: skip
     check = (
         "from monai.bundle import ConfigWorkflow\n"
         "for files, kind in [(['configs/inference.json'], 'infer'), (['configs/train.json'], 'train'),"
@@ -94,19 +110,29 @@ def test_distributable_bundle_installs_offline_and_runs_from_its_folder(tmp_path
     )
     lines = _run([python, "-c", check], cwd=bundle, env=env).strip().splitlines()
     assert [line for line in lines if line.startswith(("infer ", "train "))] == ["infer []", "train []", "infer []"]
-    # inference from the folder: a tiny network file made here (the test's, not shipped) on generated frames
+    # the bundle's commands from the folder: checks of the metadata and of the shipped network (BiomedCLIP's
+    # architecture, random weights: pretrained is off in inference.json), then inference with a tiny network file
+    # made here (the test's, not shipped) on generated frames
     from monai_vce.networks import DiffAttnCLIPClassifier
 
     torch.manual_seed(0)
     net = DiffAttnCLIPClassifier(backbone="vce-tiny-vit-64", pretrained=False, image_size=64, contrastive=False)
     torch.save(net.state_dict(), bundle / "models" / "model.pt")
     data = tmp_path / "frames"
-    _run([python, "-m", "monai_vce.data.synthetic", "--out", str(data), "--videos", "2", "--frames-per-video", "30",
-          "--size", "32", "--seed", "4"], cwd=tmp_path, env=env)  # fmt: skip
-    bundle_cmd(
-        "run", "--config_file", "configs/inference.json", "--dataset_dir", str(data / "frames"),
-        "--backbone", "vce-tiny-vit-64", "--image_size", "64", "--num_workers", "0", "--progress", "False",
-        "--report", "False",
-    )  # fmt: skip
+    outputs = _run_commands(
+        python,
+        [
+            "python -m monai.bundle verify_metadata --meta_file configs/metadata.json "
+            "--filepath configs/schema/meta_schema.json",
+            "python -m monai.bundle verify_net_in_out network_def --meta_file configs/metadata.json "
+            "--config_file configs/inference.json",
+            f"python -m monai_vce.data.synthetic --out {data} --num-videos 2 --frames-per-video 30 --size 32 --seed 4",
+            f"python -m monai.bundle run --config_file configs/inference.json --dataset_dir {data / 'frames'} "
+            "--backbone vce-tiny-vit-64 --image_size 64 --num_workers 0 --progress False --report False",
+        ],
+        bundle,
+        env,
+    )
+    assert "verified with no error" in outputs[0] and "verified with no error" in outputs[1]
     events = json.loads((bundle / "eval" / "events.json").read_text())
     assert len(events["videos"]) == 2

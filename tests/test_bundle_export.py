@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from bundle_helpers import DEMO, INFERENCE, METADATA, config_list, run_bundle, trained_bundle
+from bundle_helpers import DEMO, INFERENCE, METADATA, config_list, run_in_process, trained_bundle
 
 
 @pytest.fixture(scope="module", params=["trace", "script"])
@@ -15,7 +15,7 @@ def exported(request, tmp_path_factory, mini_galar):
     run = trained_bundle(tmp_path_factory, mini_galar)
     ts = run["out"] / f"model_{request.param}.ts"
     trace = ["--use_trace", "True", "--input_shape", "[1, 3, 64, 64]"] if request.param == "trace" else []
-    run_bundle(
+    run_in_process(
         [
             "ckpt_export",
             "network_def",

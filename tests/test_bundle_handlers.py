@@ -1,4 +1,4 @@
-"""The bundle's handlers on small hand-made engines: event writer, decoder tuning, atomic checkpoints, frame AP."""
+"""The bundle's handlers on small hand-made engines: probability writer, decoder tuning, atomic checkpoints, frame AP."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import pytest
 import torch
 from ignite.engine import Engine, Events
 
-from monai_vce.handlers import AtomicCheckpointSaver, DecoderTuningHandler, TemporalEventWriter, load_video_probs
+from monai_vce.events import load_video_probs
+from monai_vce.handlers import AtomicCheckpointSaver, DecoderTuningHandler, ProbabilityWriter
 from monai_vce.labels import LABELS
 from monai_vce.postprocessing.decoder import DecoderParams
+from monai_vce.stages import decode, report
 
 
 def _batches(videos: dict[str, int], batch: int, seed: int = 0, labels: bool = False):
@@ -44,9 +46,9 @@ def _engine(batches):
     return Engine(step)
 
 
-def test_event_writer_streams_each_video_and_writes_the_json(tmp_path):
+def test_probability_writer_streams_each_video_and_decode_writes_the_json(tmp_path):
     batches, probs, _, _ = _batches({"1": 7, "2": 5, "ukdd_navi_00003": 9}, batch=4)
-    writer = TemporalEventWriter(tmp_path / "probs", events_file="events.json")
+    writer = ProbabilityWriter(tmp_path / "probs")
     engine = _engine(batches)
     writer.attach(engine)
     seen_after_iteration = []
@@ -63,7 +65,9 @@ def test_event_writer_streams_each_video_and_writes_the_json(tmp_path):
         with np.load(tmp_path / "probs" / f"{vid}.npz") as z:
             assert list(z["labels"]) == list(LABELS)
         start += n
-    events = json.loads((tmp_path / "probs" / "events.json").read_text())
+    assert sorted(p.name for p in (tmp_path / "probs").iterdir()) == ["1.npz", "2.npz", "ukdd_navi_00003.npz"]
+    decode(tmp_path / "probs", tmp_path / "events.json")
+    events = json.loads((tmp_path / "events.json").read_text())
     assert [v["video_id"] for v in events["videos"]] == ["1", "2", "ukdd_navi_00003"]
     from monai_vce.postprocessing.decoder import EventDecoder
 
@@ -71,14 +75,13 @@ def test_event_writer_streams_each_video_and_writes_the_json(tmp_path):
     assert events["videos"][0]["events"] == [{k: e[k] for k in ("start", "end", "label")} for e in expected]
 
 
-def test_event_writer_frame_number_units_and_video_list(tmp_path):
+def test_decode_frame_number_units_and_video_list(tmp_path):
     batches, _, _, _ = _batches({"1": 6, "2": 6}, batch=5)
-    writer = TemporalEventWriter(
-        tmp_path, events_file=tmp_path / "out.json", frame_units="frame_number", videos=["2", "1"]
-    )
+    writer = ProbabilityWriter(tmp_path)
     engine = _engine(batches)
     writer.attach(engine)
     engine.run(batches, max_epochs=1)
+    decode(tmp_path, tmp_path / "out.json", frame_units="frame_number", videos=["2", "1"])
     events = json.loads((tmp_path / "out.json").read_text())
     assert [v["video_id"] for v in events["videos"]] == ["2", "1"]
     starts = {e["start"] for v in events["videos"] for e in v["events"]}
@@ -88,10 +91,10 @@ def test_event_writer_frame_number_units_and_video_list(tmp_path):
     assert ends and all(f % 5 == 1 or f == 5 * 5 + 2 for f in ends)
 
 
-def test_event_writer_refuses_nan_probabilities(tmp_path):
+def test_probability_writer_refuses_nan_probabilities(tmp_path):
     batches, _, _, _ = _batches({"1": 4, "2": 4}, batch=4)
     batches[0][1]["pred"][2, 5] = float("nan")
-    writer = TemporalEventWriter(tmp_path)
+    writer = ProbabilityWriter(tmp_path)
     engine = _engine(batches)
     writer.attach(engine)
     with pytest.raises(ValueError, match=r"video 1: non-finite probability .* frame_index 2"):
@@ -99,10 +102,10 @@ def test_event_writer_refuses_nan_probabilities(tmp_path):
     assert not (tmp_path / "1.npz").exists()
 
 
-def test_event_writer_reports_missing_files(tmp_path):
-    writer = TemporalEventWriter(tmp_path, videos=["a"])
-    with pytest.raises(FileNotFoundError, match="no probability file for video"):
-        writer.write_events()
+def test_decode_reports_missing_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"no probability file for video\(s\) a in .*: run inference"):
+        decode(tmp_path, tmp_path / "events.json", videos=["a"])
+    assert not (tmp_path / "events.json").exists()
 
 
 def test_decoder_tuning_handler_fits_and_saves(tmp_path):
@@ -129,10 +132,10 @@ def test_decoder_tuning_handler_fits_and_saves(tmp_path):
     handler.attach(engine)  # attaches the collector too; the thresholds handler is not even attached
     engine.run(batches, max_epochs=1)
     assert set(calls["videos"]) == {"1", "2"}
-    p, ids, gt = calls["videos"]["1"]
-    np.testing.assert_array_equal(p, probs[:40])
-    np.testing.assert_array_equal(ids, np.arange(40))
-    assert gt == ground_truth_events(np.arange(40), target[:40])
+    video = calls["videos"]["1"]
+    np.testing.assert_array_equal(video.probs, probs[:40])
+    np.testing.assert_array_equal(video.frame_ids(calls["kwargs"]["frame_units"]), np.arange(40))
+    assert video.events == ground_truth_events(np.arange(40), target[:40])
     expected = optimize_thresholds(probs, target, 0.05, 0.95)
     got = [calls["kwargs"]["base"]["labels"][n]["threshold"] for n in LABELS]
     np.testing.assert_allclose(got, expected)
@@ -141,27 +144,28 @@ def test_decoder_tuning_handler_fits_and_saves(tmp_path):
     assert handler.fits == 1  # nothing asked for the held-out decoding: one fit, on all videos
 
 
-def test_decoder_tuning_handler_deprecated_arguments(tmp_path):
+def test_decoder_tuning_handler_own_collector_in_the_given_units(tmp_path):
     batches, _, _, _ = _batches({"1": 40, "2": 30}, batch=16, labels=True)
     calls = {}
 
     def fake_tune(videos, base=None):
-        calls["base"] = base
+        calls["base"], calls["events"] = base, videos["1"].events
         return DecoderParams({"fit": {"videos": len(videos)}})
 
-    with pytest.warns(DeprecationWarning) as record:
-        handler = DecoderTuningHandler(
-            tmp_path / "d.json", when="always", units="index", tune_fn=fake_tune, thresholds_key="thresholds"
-        )
-    messages = " ".join(str(w.message) for w in record)
-    assert "'when' is deprecated" in messages and "'units' is deprecated" in messages
-    assert "'index' is deprecated" in messages and "thresholds_key" in messages
-    assert handler.write_on == "always" and handler.frame_units == "frame_index"
+    handler = DecoderTuningHandler(
+        tmp_path / "d.json", write_on="always", frame_units="frame_number", tune_fn=fake_tune
+    )
+    assert handler.write_on == "always" and handler.frame_units == "frame_number"
+    assert handler.collector.frame_units == "frame_number"
     engine = _engine(batches)
     handler.attach(engine)
-    engine.add_event_handler(Events.EPOCH_STARTED, lambda e: setattr(e.state, "thresholds", np.full(17, 0.3)))
     engine.run(batches, max_epochs=1)
-    assert calls["base"]["labels"]["ulcer"]["threshold"] == pytest.approx(0.3)
+    assert calls["base"] is None  # no threshold handler: the fit starts from the defaults
+    # the ground truth is in the collector's units (frame_number: 5 * row + 2 in these batches)
+    assert calls["events"] and calls["events"][0]["start"] == 2 and calls["events"][-1]["end"] == 5 * 39 + 2
+    assert json.loads((tmp_path / "d.json").read_text())["fit"]["videos"] == 2
+    with pytest.raises(ValueError, match="write_on must be one of"):
+        DecoderTuningHandler(tmp_path / "d.json", write_on="every")
 
 
 def test_decoder_tuning_handler_best_only(tmp_path):
@@ -284,18 +288,18 @@ def test_best_metric_state_round_trip(tmp_path):
         BestMetricState(new_ev, new_saver).load_state_dict({"best_metric": 1.0})
 
 
-def test_event_writer_draws_the_timelines_or_warns_once_without_matplotlib(tmp_path, monkeypatch, caplog):
+def test_report_draws_the_timelines_or_warns_once_without_matplotlib(tmp_path, monkeypatch, caplog):
     import logging
 
     import monai_vce.report.summary as summary
 
     batches, _, _, _ = _batches({"1": 6, "2": 8}, batch=5)
-    writer = TemporalEventWriter(
-        tmp_path / "probs", events_file=tmp_path / "events.json", report_dir=tmp_path / "report", name="vce"
-    )
+    writer = ProbabilityWriter(tmp_path / "probs", name="vce")
     engine = _engine(batches)
     writer.attach(engine)
     engine.run(batches, max_epochs=1)
+    decode(tmp_path / "probs", tmp_path / "events.json")
+    assert report(tmp_path / "events.json", tmp_path / "report", tmp_path / "probs") == tmp_path / "report"
     assert sorted(p.name for p in (tmp_path / "report" / "timelines").iterdir()) == ["1.png", "2.png"]
     assert (tmp_path / "report" / "summary.md").is_file()
 
@@ -304,10 +308,8 @@ def test_event_writer_draws_the_timelines_or_warns_once_without_matplotlib(tmp_p
         raise ImportError("monai_vce.report draws its figures with matplotlib, which is not installed")
 
     monkeypatch.setattr(summary, "require_matplotlib", missing)
-    writer.report_dir = tmp_path / "report2"
-    (tmp_path / "events.json").unlink()
-    with caplog.at_level(logging.WARNING, logger="vce"):
-        writer.write_events()
-    assert (tmp_path / "events.json").is_file() and not (tmp_path / "report2").exists()
+    with caplog.at_level(logging.WARNING, logger="monai_vce.stages"):
+        assert report(tmp_path / "events.json", tmp_path / "report2", tmp_path / "probs") is None
+    assert not (tmp_path / "report2").exists()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "install monai-vce[report]" in warnings[0] and "\n" not in warnings[0]

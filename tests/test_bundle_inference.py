@@ -7,7 +7,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bundle_helpers import DEMO, EVALUATE, TRAIN, config_list, inference_args, run_bundle, trained_bundle
+from bundle_helpers import (
+    DEMO,
+    EVALUATE,
+    TRAIN,
+    config_list,
+    inference_args,
+    run_bundle,
+    run_in_process,
+    trained_bundle,
+)
 
 
 def _infer_args(run, data_dir: Path, out: Path, *extra: str) -> list[str]:
@@ -18,7 +27,7 @@ def _infer_args(run, data_dir: Path, out: Path, *extra: str) -> list[str]:
 def inferred(tmp_path_factory, mini_galar):
     run = trained_bundle(tmp_path_factory, mini_galar)
     out = tmp_path_factory.mktemp("inference")
-    proc = run_bundle(_infer_args(run, mini_galar / "frames", out))
+    proc = run_in_process(_infer_args(run, mini_galar / "frames", out))
     return run, out, proc.stdout + proc.stderr
 
 
@@ -52,7 +61,7 @@ def test_inference_is_resumable_after_a_kill(inferred, mini_galar, tmp_path):
     run, reference, _ = inferred
     out = tmp_path / "resumed"
     # end the process abruptly (no cleanup, like SIGKILL) as soon as the first video's file is written
-    kill = "$@evaluator.add_event_handler(ignite.engine.Events.ITERATION_COMPLETED, lambda e: os._exit(9) if @event_writer.written else None)"
+    kill = "$@evaluator.add_event_handler(ignite.engine.Events.ITERATION_COMPLETED, lambda e: os._exit(9) if @probability_writer.written else None)"
     proc = run_bundle(
         _infer_args(
             run, mini_galar / "frames", out, "--inference", f'["$import ignite", "{kill}", "$@evaluator.run()"]'
@@ -63,7 +72,7 @@ def test_inference_is_resumable_after_a_kill(inferred, mini_galar, tmp_path):
     done = sorted(p.name for p in (out / "probs").glob("*.npz"))
     assert len(done) == 1 and not (out / "events.json").exists()
     first = (out / "probs" / done[0]).stat().st_mtime_ns
-    proc = run_bundle(_infer_args(run, mini_galar / "frames", out))
+    proc = run_in_process(_infer_args(run, mini_galar / "frames", out))
     assert "skipping 1 video(s) already inferred" in proc.stdout + proc.stderr
     assert (out / "probs" / done[0]).stat().st_mtime_ns == first  # not recomputed
     assert json.loads((out / "events.json").read_text()) == json.loads((reference / "events.json").read_text())
@@ -72,7 +81,7 @@ def test_inference_is_resumable_after_a_kill(inferred, mini_galar, tmp_path):
             np.testing.assert_allclose(a["probs"], b["probs"], atol=1e-6)
     # a rerun with every video done infers nothing and still writes the full JSON
     (out / "events.json").unlink()
-    proc = run_bundle(_infer_args(run, mini_galar / "frames", out))
+    proc = run_in_process(_infer_args(run, mini_galar / "frames", out))
     assert json.loads((out / "events.json").read_text()) == json.loads((reference / "events.json").read_text())
 
 
@@ -81,7 +90,7 @@ def test_evaluation_scores_the_validation_videos(tmp_path_factory, mini_galar):
 
     run = trained_bundle(tmp_path_factory, mini_galar)
     out = tmp_path_factory.mktemp("evaluation")
-    proc = run_bundle(
+    proc = run_in_process(
         [
             "run",
             "--config_file",
@@ -120,7 +129,7 @@ def test_resume_never_reuses_probabilities_of_another_model(tmp_path):
     """A probability file counts as done only when it was written from the same model file."""
     import os
 
-    from monai_vce.handlers.event_writer import Video, save_video_probs
+    from monai_vce.events import Video, save_video_probs
     from monai_vce.workflows import model_fingerprint, pending_frames
 
     model = tmp_path / "model.pt"

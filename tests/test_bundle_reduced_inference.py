@@ -24,7 +24,7 @@ from bundle_helpers import (
     REPO,
     free_port,
     inference_args,
-    run_bundle,
+    run_in_process,
     trained_bundle,
 )
 
@@ -38,12 +38,12 @@ from monai_vce.workflows import inference_datalist, model_fingerprint
 MULTI_GPU_INFERENCE = str(Path(INFERENCE).parent / "multi_gpu_inference.json")
 TEMPORAL_INFERENCE = str(Path(INFERENCE).parent / "temporal_inference.json")
 
-#: today's inference expression (before reduced inference existed): the evaluator and the writer
+#: the inference run list before reduced inference existed: the evaluator, then the decode stage
 EVALUATOR_ONLY = json.dumps(
     [
         "$torch.autocast('cpu', dtype=getattr(torch, @amp_dtype), enabled=@cpu_amp)"
         "(torch.inference_mode()(@evaluator.run))()",
-        "$@event_writer.write_events() if len(@dataset) == 0 else None",
+        "@decode",
     ]
 )
 
@@ -65,9 +65,9 @@ def runs(tmp_path_factory, mini_galar):
     """The trained bundle, a full inference (the defaults) and a strided one (stride 4, no refinement)."""
     run = trained_bundle(tmp_path_factory, mini_galar)
     full = tmp_path_factory.mktemp("full")
-    run_bundle(_args(run, mini_galar / "frames", full))
+    run_in_process(_args(run, mini_galar / "frames", full))
     strided = tmp_path_factory.mktemp("strided")
-    proc = run_bundle(
+    proc = run_in_process(
         _args(run, mini_galar / "frames", strided, "--reduction#stride", "4", "--reduction#refine", "False")
     )
     return run, full, strided, proc.stdout + proc.stderr
@@ -78,7 +78,7 @@ def test_reduction_off_is_todays_inference(runs, mini_galar, tmp_path):
     inference expression."""
     run, full, _, _ = runs
     out = tmp_path / "evaluator"
-    run_bundle(_args(run, mini_galar / "frames", out, "--inference", EVALUATOR_ONLY))
+    run_in_process(_args(run, mini_galar / "frames", out, "--inference", EVALUATOR_ONLY))
     assert (out / "events.json").read_bytes() == (full / "events.json").read_bytes()
     for vid, path in _files(full).items():
         with np.load(path) as a, np.load(out / "probs" / path.name) as b:
@@ -113,7 +113,7 @@ def test_refinement_keeps_to_its_budget(runs, mini_galar, tmp_path):
     run, _, _, _ = runs
     out = tmp_path / "budget"
     args = ["--reduction#stride", "8", "--reduction#budget", "0.25", "--reduction#options", "{'score_tolerance': 0.1}"]
-    proc = run_bundle(_args(run, mini_galar / "frames", out, *args))
+    proc = run_in_process(_args(run, mini_galar / "frames", out, *args))
     counts = {vid: int(load_video_probs(p).inferred.sum()) for vid, p in _files(out).items()}
     assert len(counts) == 4 and all(strided_rows(60, 8).size <= k <= math.ceil(0.25 * 60) for k in counts.values())
     assert max(counts.values()) > strided_rows(60, 8).size, counts  # the refinement took frames
@@ -134,7 +134,7 @@ def test_resume_reuses_full_and_same_setting_files(runs, mini_galar, tmp_path):
     shutil.copy2(_files(full)[vids[2]], out / "probs")
     mtimes = {vid: (out / "probs" / f"{vid}.npz").stat().st_mtime_ns for vid in vids[:3]}
     log = _log(
-        run_bundle(_args(run, mini_galar / "frames", out, "--reduction#stride", "4", "--reduction#refine", "False"))
+        run_in_process(_args(run, mini_galar / "frames", out, "--reduction#stride", "4", "--reduction#refine", "False"))
     )
     assert f"skipping 3 video(s) already inferred in {out / 'probs'}" in log
     assert {vid: (out / "probs" / f"{vid}.npz").stat().st_mtime_ns for vid in vids[:3]} == mtimes
@@ -195,7 +195,7 @@ def test_temporal_stage_on_reduced_inference(runs, mini_galar, tmp_path):
     configs = (INFERENCE, TEMPORAL_INFERENCE, DEMO)
     strided = ("--reduction#stride", "4", "--reduction#refine", "False")
     for extra, reduced in ((strided, True), ((), False)):  # then full inference in the same folder
-        run_bundle(_args({"models": models}, mini_galar / "frames", out, *extra, configs=configs))
+        run_in_process(_args({"models": models}, mini_galar / "frames", out, *extra, configs=configs))
         events = {v["video_id"]: v["events"] for v in load_events(out / "temporal_events.json")["videos"]}
         assert len(events) == 4
         for vid, path in _files(out).items():
@@ -227,8 +227,8 @@ def _workflow(mini_galar, tmp_path, **overrides):
 
 
 def test_reduction_keys_and_the_temporal_refiner_in_the_config(mini_galar, tmp_path):
-    """The reduction keys reach the reduced inference; the event writer's temporal refiner (of probabilities) is
-    what the refinement aims at, and its refined files record the reduction settings."""
+    """The reduction keys reach the reduced inference; the temporal refiner (of probabilities) is what the
+    refinement aims at, and its refined files record the reduction settings."""
     wf = _workflow(
         mini_galar,
         tmp_path,
@@ -236,22 +236,24 @@ def test_reduction_keys_and_the_temporal_refiner_in_the_config(mini_galar, tmp_p
             "reduction#stride": 8,
             "reduction#duplicate_tolerance": 2.5,
             "reduction#options": {"max_rounds": 3},
-            "event_writer#refiner": "$monai_vce.temporal.TemporalRefiner()",
-            "event_writer#refined_dir": str(tmp_path / "refined"),
-            "event_writer#refiner_source": "refiner-a",
+            "refiner": "$monai_vce.temporal.TemporalRefiner()",
+            "refiner_source": "refiner-a",
         },
     )
-    writer = wf.parser.get_parsed_content("event_writer")
+    writer = wf.parser.get_parsed_content("probability_writer")
+    refiner = wf.parser.get_parsed_content("refiner")
     reduced = wf.parser.get_parsed_content("reduced_inference")
     assert reduced.reduced and reduced.settings == {"stride": 8, "budget": None, "refine": True, "margin": 0.3}
     assert reduced.duplicate_tolerance == 2.5 and reduced.options == {"max_rounds": 3}
-    assert reduced.event_writer is writer and reduced.probs_transform == writer.refiner.refine
+    assert reduced.refiner is refiner and reduced.probs_transform == refiner.refine
+    assert wf.parser.get_parsed_content("refine#_disabled_") is False
     assert len(reduced.predictor.data) == 240 and reduced.predictor.dataset is wf.parser.get_parsed_content("dataset")
     # refined files of reduced probabilities are never taken for refined files of full inference (nor the reverse)
     assert writer.source == reduced.stored_source != reduced.source
-    assert writer.refined_source.startswith(reduced.stored_source + " | ")
+    assert wf.parser.get_parsed_content("refine#source") == reduced.stored_source + " | refiner-a"
     full = _workflow(mini_galar, tmp_path)
-    assert full.parser.get_parsed_content("event_writer").source == full.parser.get_parsed_content("probs_source")
+    assert full.parser.get_parsed_content("probability_writer").source == full.parser.get_parsed_content("probs_source")
+    assert full.parser.get_parsed_content("refine#_disabled_") is True  # no refiner: the refine stage is off
 
 
 def test_reduced_inference_refuses_per_frame_features(mini_galar, tmp_path):

@@ -6,14 +6,14 @@ import json
 from pathlib import Path
 
 import torch
-from bundle_helpers import DEMO, TRAIN, config_list, run_bundle, tiny_overrides
+from bundle_helpers import DEMO, TRAIN, config_list, run_bundle, run_in_process, tiny_overrides
 
 
 def test_training_killed_after_epoch_1_resumes(tmp_path, mini_galar):
     out = tmp_path / "run"
     base = ["run", "training", "--config_file", config_list(TRAIN, DEMO)]
     overrides = tiny_overrides(mini_galar, out, max_epochs=2)
-    # end the process abruptly (no cleanup, like SIGKILL) once epoch 1 is validated and checkpointed
+    # end the process abruptly (no cleanup, like SIGKILL: a subprocess) once epoch 1 is validated and checkpointed
     training = json.loads(Path(TRAIN).read_text())["training"]
     kill = "$@train#trainer.add_event_handler(ignite.engine.Events.EPOCH_COMPLETED, lambda e: os._exit(9) if e.state.epoch == 1 else None)"
     killed = ["$import ignite", *training[:-1], kill, training[-1]]
@@ -33,7 +33,7 @@ def test_training_killed_after_epoch_1_resumes(tmp_path, mini_galar):
     torch.save(last, out / "models" / "checkpoint_last.pt")
     kept = {name: (out / "models" / name).read_bytes() for name in ("model.pt", "decoder.json", "thresholds.json")}
 
-    proc = run_bundle(base + overrides + ["--resume", "True", "--log_iterations", "True"])  # the demo logs none
+    proc = run_in_process(base + overrides + ["--resume", "True", "--log_iterations", "True"])  # the demo logs none
     log = proc.stdout + proc.stderr
     (tmp_path / "resume.log").write_text(log)
     assert f"Restored all variables from {out / 'models' / 'checkpoint_last.pt'}" in log

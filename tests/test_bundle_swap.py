@@ -20,7 +20,7 @@ from bundle_helpers import (
     TRAIN,
     config_list,
     free_port,
-    run_bundle,
+    run_in_process,
     tiny_overrides,
 )
 
@@ -30,6 +30,9 @@ NETWORKS = {
         "spatial_dims": 2,
         "in_channels": 3,
         "out_channels": 17,
+        # narrow: the same class and layers (the same weight names) at a sixteenth of the default's compute
+        "init_features": 16,
+        "growth_rate": 8,
     },
     "timm_resnet18": {
         "_target_": "timm.create_model",
@@ -47,7 +50,7 @@ def test_a_replaced_network_trains_evaluates_and_infers(name, tmp_path, mini_gal
     out = tmp_path / "run"
     # no backbone override: the default (BiomedCLIP, pretrained) stays configured, the hub is offline
     args = tiny_overrides(mini_galar, out, max_epochs=1, image_size=64, decoder_tuning="{'anatomy': False}")
-    proc = run_bundle(["run", "training", "--config_file", config_list(TRAIN, str(swap)), *args])
+    proc = run_in_process(["run", "training", "--config_file", config_list(TRAIN, str(swap)), *args])
     log = proc.stdout + proc.stderr
     assert "one optimizer group" in log and "BiomedCLIP" not in log
     models = out / "models"
@@ -55,14 +58,14 @@ def test_a_replaced_network_trains_evaluates_and_infers(name, tmp_path, mini_gal
     reference = NETWORKS[name]
     assert set(state) == set(_build(reference).state_dict())  # the swapped network's own weights
     # evaluation of the trained network (held-out and in-sample scores)
-    run_bundle(["run", "evaluating", "--config_file", config_list(TRAIN, EVALUATE, str(swap)), *args])
+    run_in_process(["run", "evaluating", "--config_file", config_list(TRAIN, EVALUATE, str(swap)), *args])
     metrics = json.loads((out / "eval" / "metrics.json").read_text())
     assert metrics["protocol"].startswith("held out") and 0.0 <= metrics["mAP@0.5"] <= 1.0
     # inference with the same network file
     infer = out / "infer"
     infer_args = ["--dataset_dir", str(mini_galar / "frames"), "--output_dir", str(infer), "--ckpt_dir", str(models)]
     infer_args += ["--image_size", "64", "--num_workers", "0", "--progress", "False", "--report", "False"]
-    run_bundle(["run", "--config_file", config_list(INFERENCE, str(swap)), *infer_args])
+    run_in_process(["run", "--config_file", config_list(INFERENCE, str(swap)), *infer_args])
     events = json.loads((infer / "events.json").read_text())
     assert sorted(v["video_id"] for v in events["videos"]) == sorted(p.name for p in (mini_galar / "frames").iterdir())
 
@@ -154,7 +157,7 @@ def test_epoch_length_does_not_depend_on_the_sampler(tmp_path, mini_galar):
     out = tmp_path / "run"
     args = ["run", "training", "--config_file", TRAIN, "--train#sampler", "$None", "--train#dataloader#shuffle", "True"]
     extra = {"backbone": "vce-tiny-vit-64", "pretrained": False, "image_size": 64, "max_epochs": 1}
-    run_bundle(args + tiny_overrides(mini_galar, out, samples_per_epoch=40, batch_size=8, **extra))
+    run_in_process(args + tiny_overrides(mini_galar, out, samples_per_epoch=40, batch_size=8, **extra))
     last = torch.load(out / "models" / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     assert "sampler" not in last  # the sampler is gone ...
     assert last["trainer"]["epoch_length"] == 40 // 8 and last["trainer"]["iteration"] == 5  # ... the epoch is not

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bundle_helpers import CONFIGS, DEMO, INFERENCE, TRAIN, config_list, inference_args, run_bundle, tiny_overrides
+from bundle_helpers import CONFIGS, DEMO, INFERENCE, TRAIN, config_list, inference_args, run_in_process, tiny_overrides
 
 from monai_vce.events.probabilities import Video, load_video_probs, probability_file, save_video_probs
 from monai_vce.labels import NUM_LABELS
@@ -66,9 +66,11 @@ def temporal_run(tmp_path_factory, mini_galar):
     swap = out / "swap.json"
     swap.write_text(json.dumps(SWAP))
     config = config_list(TRAIN, TEMPORAL_TRAIN, DEMO, str(swap))
-    proc = run_bundle(["run", "training", "--config_file", config, *tiny_overrides(mini_galar, out, **TEMPORAL_TINY)])
+    proc = run_in_process(
+        ["run", "training", "--config_file", config, *tiny_overrides(mini_galar, out, **TEMPORAL_TINY)]
+    )
     infer = out / "infer"
-    proc_inf = run_bundle(_infer_args(out / "models", mini_galar / "frames", infer))
+    proc_inf = run_in_process(_infer_args(out / "models", mini_galar / "frames", infer))
     return {
         "out": out,
         "models": out / "models",
@@ -138,7 +140,7 @@ def test_rerun_with_another_refiner_recomputes_every_refined_file(temporal_run, 
             p.add_(0.1)
     other_file = other.save(tmp_path / "other_refiner.pt")
     frame_files = {p.name: p.stat().st_mtime_ns for p in (infer / "probs").glob("*.npz")}
-    proc = run_bundle(_infer_args(models, mini_galar / "frames", infer, "--refiner_file", str(other_file)))
+    proc = run_in_process(_infer_args(models, mini_galar / "frames", infer, "--refiner_file", str(other_file)))
     log = proc.stdout + proc.stderr
     assert f"skipping {len(frame_files)} video(s) already inferred" in log  # the frame model's files are reused
     assert {p.name: p.stat().st_mtime_ns for p in (infer / "probs").glob("*.npz")} == frame_files
@@ -170,9 +172,12 @@ def test_check_properties(files, workflow_type, mini_galar, tmp_path):
     wf = ConfigWorkflow(files, logging_file=False, workflow_type=workflow_type, **override)
     wf.initialize()
     assert wf.check_properties() == []
-    if workflow_type == "infer":  # the refiner component is loaded and handed to the writer
-        writer = wf.parser.get_parsed_content("event_writer")
-        assert isinstance(writer.refiner, TemporalRefiner) and writer.refined_dir == tmp_path / "eval" / "refined_probs"
+    if workflow_type == "infer":  # the refiner is loaded, switches the refine stage on and is decoded from
+        assert isinstance(wf.parser.get_parsed_content("refiner"), TemporalRefiner)
+        assert wf.parser.get_parsed_content("refine#_disabled_") is False
+        assert wf.parser.get_parsed_content("decode_dir") == str(tmp_path / "eval" / "refined_probs")
+        assert wf.parser.get_parsed_content("refine#refined_dir") == str(tmp_path / "eval" / "refined_probs")
+        assert wf.parser.get_parsed_content("reduced_inference").refiner is wf.parser.get_parsed_content("refiner")
         assert wf.parser.get_parsed_content("write_features") is False  # a refiner of probabilities needs none
 
 

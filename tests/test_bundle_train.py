@@ -65,28 +65,30 @@ def test_training_log_reports_validation_metrics(run):
 def test_tracking_flag_needs_mlflow(tmp_path, mini_galar):
     """``--tracking mlflow`` (MONAI's experiment tracking) works with the bundle where mlflow is installed."""
     require_integration("mlflow", "mlflow")
-    from bundle_helpers import config_list, run_bundle, tiny_overrides
+    from bundle_helpers import config_list, run_in_process, tiny_overrides
 
     out = tmp_path / "run"
     args = ["run", "training", "--config_file", config_list(TRAIN, DEMO), "--tracking", "mlflow"]
-    run_bundle(args + tiny_overrides(mini_galar, out, max_epochs=1, tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}"))
+    run_in_process(
+        args + tiny_overrides(mini_galar, out, max_epochs=1, tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
+    )
     assert (out / "models" / "model.pt").is_file()
     assert (tmp_path / "mlruns.db").is_file()  # the run was tracked
 
 
 def test_training_from_the_frame_cache(tmp_path, mini_galar):
     """frame_cache.json: the training frames are decoded once into the cache, then read from it."""
-    from bundle_helpers import FRAME_CACHE, config_list, run_bundle, tiny_overrides
+    from bundle_helpers import FRAME_CACHE, config_list, run_in_process, tiny_overrides
 
     out, cache = tmp_path / "run", tmp_path / "cache"
     args = ["run", "training", "--config_file", config_list(TRAIN, DEMO, FRAME_CACHE)]
     extra = {"max_epochs": 1, "frame_cache_dir": cache, "frame_cache_size": 64}
-    run_bundle(args + tiny_overrides(mini_galar, out, **extra))
+    run_in_process(args + tiny_overrides(mini_galar, out, **extra))
     arrays = sorted(cache.glob("64px/*.npy"))
     manifests = sorted(cache.glob("64px/*.json"))
     assert arrays and len(arrays) == len(manifests)
     assert (out / "models" / "model.pt").is_file() and (out / "models" / "checkpoint_last.pt").is_file()
     # a second run reuses the cache: the arrays are not rewritten
     stamps = [p.stat().st_mtime_ns for p in arrays]
-    run_bundle(args + tiny_overrides(mini_galar, tmp_path / "run2", **extra))
+    run_in_process(args + tiny_overrides(mini_galar, tmp_path / "run2", **extra))
     assert [p.stat().st_mtime_ns for p in arrays] == stamps

@@ -21,7 +21,7 @@ from monai_vce.networks import (  # noqa: E402
     DifferentialAttention,
     save_tiny_local_dir,
 )
-from monai_vce.text_embeddings import save_text_embeddings  # noqa: E402
+from monai_vce.networks.text_embeddings import save_text_embeddings  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -244,8 +244,6 @@ def test_argument_validation(tiny):
         _net(tiny, attention="linear")
     with pytest.raises(ValueError, match="variant"):
         _net(tiny, attention_variant="exact")
-    with pytest.raises(ValueError, match="mode"):
-        _net(tiny, conversion_mode="exact")
     with pytest.raises(ValueError, match="reduction"):
         _net(tiny, se_reduction=64)
     with pytest.raises(ValueError, match="fusion"):
@@ -320,10 +318,9 @@ def test_contrastive_logit_scale_clamped_at_100(tiny):
     assert _net(tiny, max_logit_scale=30.0).contrastive_head.max_logit_scale == 30.0
 
 
-def test_deprecated_conversion_mode(tiny):
-    """``conversion_mode="paper"`` keeps building what it built: Ye et al.'s layout, with a DeprecationWarning."""
-    with pytest.warns(DeprecationWarning, match="diff_transformer"):
-        net = _net(tiny, conversion_mode="paper")
+def test_diff_transformer_variant(tiny):
+    """``attention_variant="diff_transformer"`` builds Ye et al.'s layout: depth schedule and sub-norm."""
+    net = _net(tiny, attention_variant="diff_transformer")
     assert net.attention_variant == "diff_transformer"
     assert all(b.attn.use_sub_norm for b in net.visual.trunk.blocks)
     assert [b.attn.lambda_init for b in net.visual.trunk.blocks] == pytest.approx([0.2, 0.8 - 0.6 * math.exp(-0.3)])
@@ -332,7 +329,7 @@ def test_deprecated_conversion_mode(tiny):
 def test_text_embeddings_computed_on_first_use_then_read(tiny, tmp_path, monkeypatch):
     """A missing file is computed once with the text model's text tower (here the tiny model's random one, a code
     path check, not clinical embeddings) and saved; the next network reads the file."""
-    from monai_vce.text_embeddings import compute_text_embeddings, load_text_embeddings
+    from monai_vce.networks.text_embeddings import compute_text_embeddings, load_text_embeddings
 
     target = tmp_path / "models" / "text_embeddings.pt"
     text_model = f"local-dir:{tiny / 'local'}"
@@ -344,14 +341,21 @@ def test_text_embeddings_computed_on_first_use_then_read(tiny, tmp_path, monkeyp
     torch.testing.assert_close(load_text_embeddings(target, embed_dim=32), expected, atol=1e-6, rtol=0)
     torch.testing.assert_close(net.contrastive_head.text_embeddings, expected, atol=1e-6, rtol=0)
 
-    import monai_vce.text_embeddings as te
+    import monai_vce.networks.classifier as classifier
 
-    def fail(*args, **kwargs):
-        raise AssertionError("recomputed although the file exists")
+    calls: list[str] = []
 
-    monkeypatch.setattr(te, "compute_text_embeddings", fail)
+    def counting(*args, **kwargs):
+        calls.append(str(args[0]))
+        return compute_text_embeddings(*args, **kwargs)
+
+    # the name the classifier calls (it imports the function into its own namespace)
+    monkeypatch.setattr(classifier, "compute_text_embeddings", counting)
     again = _net(tiny, text_embeddings=str(target), text_model=text_model)
     torch.testing.assert_close(again.contrastive_head.text_embeddings, expected, atol=1e-6, rtol=0)
+    assert calls == []  # read from the file, not recomputed
+    _net(tiny, text_embeddings=str(tmp_path / "other.pt"), text_model=text_model)
+    assert calls == [text_model]  # the patch is the one the classifier calls: a missing file is computed
 
 
 def test_text_model_unreachable_one_warning_and_path_off(tiny, tmp_path):

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from monai_vce.events import Video, event_json
 from monai_vce.labels import LABELS, SECTIONS
 from monai_vce.postprocessing import (
     DecoderParams,
@@ -190,7 +191,7 @@ def test_nan_error_names_video_and_frame():
     p = _video()
     p[17, 3] = np.nan
     with pytest.raises(ValueError, match=r"video 'v7'.*frame 17.*small intestine"):
-        decode_videos({"v7": (p, np.arange(300))}, EventDecoder())
+        decode_videos([Video("v7", p, np.arange(300), np.arange(300))], EventDecoder())
     with pytest.raises(ValueError, match=r"outside \[0, 1\].*logits"):
         EventDecoder()(_video() * 3, np.arange(300))
     with pytest.raises(ValueError, match="strictly increasing"):
@@ -198,11 +199,20 @@ def test_nan_error_names_video_and_frame():
 
 
 def test_decode_videos_json():
-    out = decode_videos({"a": (_video(), np.arange(300)), "b": (_video(seed=1), np.arange(300))}, DecoderParams.paper())
+    ids = np.arange(300)
+    a, b = Video("a", _video(), ids, ids + 1000), Video("b", _video(seed=1), ids, ids + 1000)
+    out = decode_videos({"a": a, "b": b}, DecoderParams.paper())
     from monai_vce.metrics import check_events
 
     check_events(out)
     assert [v["video_id"] for v in out["videos"]] == ["a", "b"]
+    paper = EventDecoder(DecoderParams.paper())
+    assert out == decode_videos([a, b], paper) == event_json({"a": paper(a.probs, ids), "b": paper(b.probs, ids)})
+    # frame ids are chosen at the edge: the parameters' frame_units, or the caller's
+    by_number = decode_videos([a], DecoderParams.paper(frame_units="frame_number"))
+    assert by_number == decode_videos([a], DecoderParams.paper(), frame_units="frame_number")
+    assert by_number["videos"][0]["events"] == EventDecoder(DecoderParams.paper())(a.probs, ids + 1000)
+    assert EventDecoder(DecoderParams.paper()).decode(a, "frame_number") == by_number["videos"][0]["events"]
 
 
 def test_params_round_trip_and_errors(tmp_path):

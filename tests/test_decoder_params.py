@@ -1,5 +1,5 @@
 """Decoder parameters: the step registry they derive from, the JSON schema's bounds and errors, immutability, and
-the files earlier versions wrote."""
+loading and saving files."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 
-from monai_vce.events import frames_to_events
+from monai_vce.events import Video, frames_to_events
 from monai_vce.labels import LABELS
 from monai_vce.postprocessing import (
     CHAIN_STEPS,
@@ -73,7 +73,7 @@ def test_a_new_decoding_step_is_one_definition(monkeypatch):
         p[20:80, L["polyp"]] = 0.9  # a long false run in every video
         p[120 + k : 130 + k, L["polyp"]] = 0.9
         gt = [{"start": 120 + k, "end": 129 + k, "label": ["polyp"]}]
-        videos.append((p, np.arange(200), gt))
+        videos.append(Video(f"v{k}", p, np.arange(200), np.arange(200), events=gt))
     grids = {"threshold": (0.5,), "max_length": (0, 20)}
     tuned = tune_decoder(videos, base={"order": order}, grids=grids, anatomy=False, rounds=1, presence_folds=0)
     assert tuned["labels"]["polyp"]["max_length"] == 20
@@ -150,7 +150,7 @@ def test_parameters_are_immutable():
         params.with_label("ulcer", threshold=2.0)
 
 
-OLD_FILE = {
+FULL_FILE = {
     "version": 1,
     "labels": {
         n: {"threshold": 0.4, "median_window": 5, "max_gap": 2, "min_length": 3, "presence": {"feature": "none"}}
@@ -159,7 +159,7 @@ OLD_FILE = {
     "order": ["threshold", "median", "fill_gaps", "min_length"],
     "composition": "label_set",
     "ranking": "min",
-    "frame_units": "index",
+    "frame_units": "frame_index",
     "anatomy": {
         "enabled": True,
         "emission_weight": 0.1,
@@ -175,18 +175,20 @@ OLD_FILE = {
 }
 
 
-def test_files_written_by_earlier_versions_still_load(tmp_path):
-    OLD_FILE["labels"]["ulcer"]["presence"] = {"feature": "peak", "window": 9, "cutoff": 0.31}
+def test_a_full_file_loads_decodes_and_saves_again(tmp_path):
+    FULL_FILE["labels"]["ulcer"]["presence"] = {"feature": "peak", "window": 9, "cutoff": 0.31}
     path = tmp_path / "decoder.json"
-    path.write_text(json.dumps(OLD_FILE))
-    with pytest.warns(DeprecationWarning, match="frame_units='index' is deprecated"):
-        params = DecoderParams.load(path)
+    path.write_text(json.dumps({**FULL_FILE, "frame_units": "index"}))
+    with pytest.raises(ValueError, match=r"decoder.json: frame_units: must be one of .*got 'index'"):
+        DecoderParams.load(path)  # no value outside the current vocabulary is read
+    path.write_text(json.dumps(FULL_FILE))
+    params = DecoderParams.load(path)
     assert params["frame_units"] == "frame_index" and params.frame_units == "frame_index"
     assert params["labels"]["ulcer"]["presence"]["cutoff"] == 0.31 and params["fit"]["videos"] == 12
     rng = np.random.default_rng(0)
     events = EventDecoder(params)(rng.random((300, 17)), np.arange(300))
     assert events and all(isinstance(e["start"], int) for e in events)
-    # saving writes the current vocabulary, which loads without a warning
+    # what is saved loads again, without a warning
     params.save(tmp_path / "new.json")
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -1,5 +1,5 @@
 """Differential attention: the three variants, conversion of every block, exact weight transfer, gradients, autocast,
-float64, the deprecated mode names."""
+float64, the default variant."""
 
 from __future__ import annotations
 
@@ -208,12 +208,8 @@ def test_sub_norm_off_and_schedules():
         resolve_lambda_init("linear", 1)
     with pytest.raises(ValueError, match=r"\[0, 1\)"):
         resolve_lambda_init(1.2, 1)
-    with pytest.raises(ValueError, match="mode"):
-        DifferentialAttention(64, 2, mode="other")
     with pytest.raises(ValueError, match="variant"):
         DifferentialAttention(64, 2, variant="ye")
-    with pytest.raises(ValueError, match="once"):
-        DifferentialAttention(64, 2, variant="paper", mode="paper")
 
 
 def test_lambda_vectors_initialisation():
@@ -261,8 +257,10 @@ def test_sdpa_path_calls_sdpa_and_matches_explicit_reference(variant, monkeypatc
     with torch.no_grad():
         out = model(x)
         assert len(calls) == len(model.blocks)  # one call per block
-        # equal head sizes: the condition of PyTorch's fused CPU kernel (2 * head_dim = 32 for the tiny model)
-        assert calls == [(32, 32, 32)] * len(model.blocks)
+        # equal head sizes: the condition of PyTorch's fused CPU kernel (2 * head_dim = 32 for the tiny model's
+        # paired heads; the authors' layout keeps the pretrained heads, head_dim 16)
+        width = 16 if variant == "authors" else 32
+        assert calls == [(width, width, width)] * len(model.blocks)
         expected = reference(x)
         assert len(calls) == len(model.blocks)  # the reference path makes no SDPA call
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
@@ -349,12 +347,11 @@ def test_paper_variant_constant_lambda_init_without_sub_norm(impl):
     assert all(b.attn.use_sub_norm for b in ye.blocks)
 
 
-def test_deprecated_mode_paper_is_the_diff_transformer_variant():
+def test_the_default_variant_is_diff_transformer():
     torch.manual_seed(0)
     a = _tiny_vit()
     torch.manual_seed(5)
-    with pytest.warns(DeprecationWarning, match="diff_transformer"):
-        convert_to_diff_attention(a, mode="paper")
+    convert_to_diff_attention(a)
     b = _tiny_vit()
     torch.manual_seed(5)
     convert_to_diff_attention(b, variant="diff_transformer")
@@ -362,8 +359,8 @@ def test_deprecated_mode_paper_is_the_diff_transformer_variant():
     with torch.no_grad():
         torch.testing.assert_close(a(x), b(x), atol=0, rtol=0)
     assert all(blk.attn.variant == "diff_transformer" for blk in a.blocks)
-    with pytest.warns(DeprecationWarning):
-        assert DifferentialAttention(64, 2, mode="preserving").variant == "preserving"
+    assert DifferentialAttention(64, 2).variant == "diff_transformer"
+    assert DifferentialAttention(64, 2, variant="preserving").variant == "preserving"
 
 
 @pytest.mark.parametrize("variant", ATTENTION_VARIANTS)

@@ -11,6 +11,8 @@ from test_validation_outputs import TUNE, _loader, _videos
 from monai_vce.handlers import DecoderTuningHandler, TemporalMAPMetric, VideoFrameCollector
 from monai_vce.metrics import load_events, temporal_map
 from monai_vce.postprocessing import EventDecoder, tune_decoder
+from monai_vce.stages import write_events
+from monai_vce.utils import natural_key
 
 
 def _evaluate(tmp_path, videos, decoder_factory):
@@ -39,7 +41,7 @@ def test_held_out_events_are_written_scored_and_labelled(tmp_path):
     def tuned_on_all(collector):
         def decode(probs, frame_ids):
             if "params" not in inputs_holder:
-                inputs_holder["params"] = tune_decoder(collector.decoding_inputs(), **TUNE)
+                inputs_holder["params"] = tune_decoder(collector.labelled_videos(), **TUNE)
             return EventDecoder(inputs_holder["params"])(probs, frame_ids)
 
         return decode
@@ -49,12 +51,13 @@ def test_held_out_events_are_written_scored_and_labelled(tmp_path):
     assert in_sample.protocol.startswith("decoded with the given decoder")
     assert not (tmp_path / "never_written.json").exists()
     # the written events are those the key metric scored: the same score from the file
-    path = held_out.save_events(tmp_path / "val_events.json")
+    path = write_events(held_out.events, tmp_path / "val_events.json")
     written = load_events(path)
-    gt = {"videos": [{"video_id": vid, "events": item[2]} for vid, item in collector.decoding_inputs().items()]}
+    assert [v["video_id"] for v in written["videos"]] == sorted(held_out.events, key=natural_key)
+    gt = {"videos": [{"video_id": vid, "events": v.events} for vid, v in collector.labelled_videos().items()]}
     rescored = temporal_map(gt, written)["mAP@0.5"]
     assert rescored == evaluator.state.metrics["held_out"]
-    held = tuner.held_out_events(collector.decoding_inputs())
+    held = tuner.held_out_events(collector.labelled_videos())
     assert {v["video_id"]: v["events"] for v in written["videos"]} == {
         vid: [{k: e[k] for k in ("start", "end", "label")} for e in events] for vid, events in held.items()
     }

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from bundle_helpers import chain_text
+from bundle_helpers import chain_text, run_in_process
 from capped import TORCH_CAP_MB, memory_cap
 
 from monai_vce.labels import LABELS, NUM_LABELS
@@ -116,6 +116,13 @@ def _run(argv: list[str], timeout: float = 300, **kw: object) -> subprocess.Comp
         preexec_fn=memory_cap(BUNDLE_CAP_MB),
         **kw,
     )
+
+
+def _run_here(argv: list[str]) -> subprocess.CompletedProcess:
+    """:func:`_run` of a ``python -m monai.bundle`` command line, in this process (no interpreter start): one thread
+    and the address-space cap of a subprocess."""
+    assert argv[:3] == [sys.executable, "-m", "monai.bundle"], argv[:3]
+    return run_in_process([str(a) for a in argv[3:]], check=False, threads=1, memory_mb=BUNDLE_CAP_MB)
 
 
 def _copy_tree(src: Path, dst: Path) -> Path:
@@ -237,7 +244,7 @@ def test_training_sigkill_resumes_from_last_checkpoint(mini_galar: Path, tmp_pat
     assert killed_iteration % epoch_length == 0 and 1 <= killed_epoch < epochs
 
     log2 = tmp_path / "run2.log"
-    res = _run([*argv, "--resume", "True", "--log_iterations", "True"])  # the demo logs no iteration lines
+    res = _run_here([*argv, "--resume", "True", "--log_iterations", "True"])  # the demo logs no iteration lines
     log2.write_text(res.stdout + res.stderr)
     assert res.returncode == 0, log2.read_text()[-4000:]
     text = log2.read_text()
@@ -403,9 +410,9 @@ def _infer_argv(
 
 @pytest.fixture(scope="module")
 def reference_inference(mini_galar: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Output folder of one uninterrupted inference run (subprocess, the bundle's command line)."""
+    """Output folder of one uninterrupted inference run (the bundle's command line, in this process)."""
     out = tmp_path_factory.mktemp("reference_inference")
-    res = _run(_infer_argv(mini_galar, out, tiny_model))
+    res = _run_here(_infer_argv(mini_galar, out, tiny_model))
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     assert (out / "events.json").is_file()
     return out
@@ -415,7 +422,7 @@ def test_inference_sigkill_resumes_at_first_incomplete_video(
     mini_galar: Path, tiny_model: Path, reference_inference: Path, tmp_path: Path
 ) -> None:
     """SIGKILL mid-video; the rerun skips finished videos and writes the same JSON as an uninterrupted run."""
-    from monai_vce.handlers.event_writer import load_video_probs
+    from monai_vce.events import load_video_probs
 
     out = tmp_path / "out"
     probs = out / "probs"
@@ -442,7 +449,7 @@ def test_inference_sigkill_resumes_at_first_incomplete_video(
     # a write cut short leaves at most a hidden temporary file, never a partial file under a final name
     assert not [p.name for p in probs.iterdir() if p.suffix != ".npz" and not p.name.startswith(".")]
 
-    res = _run(_infer_argv(mini_galar, out, tiny_model))
+    res = _run_here(_infer_argv(mini_galar, out, tiny_model))
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     # finished videos were skipped, not recomputed
     for vid, stamp in stamps.items():
@@ -510,7 +517,7 @@ def test_nan_loss_stops_training_naming_iteration_and_keeps_last_good_checkpoint
 def test_nan_probabilities_never_reach_the_decoder_silently(tmp_path: Path) -> None:
     from ignite.engine import Engine
 
-    from monai_vce.handlers import TemporalEventWriter
+    from monai_vce.handlers import ProbabilityWriter
     from monai_vce.postprocessing import EventDecoder
 
     probs = np.full((10, NUM_LABELS), 0.2, np.float32)
@@ -521,7 +528,7 @@ def test_nan_probabilities_never_reach_the_decoder_silently(tmp_path: Path) -> N
     with pytest.raises(ValueError, match="non-finite"):
         EventDecoder()(probs, np.arange(10))
 
-    # through the inference event writer: the video with a NaN is refused, no file of it and no JSON are written
+    # through the probability writer: the video with a NaN is refused, no file of it is written
     batches = []
     for vid in ("a", "b"):
         p = torch.full((5, NUM_LABELS), 0.3)
@@ -531,7 +538,7 @@ def test_nan_probabilities_never_reach_the_decoder_silently(tmp_path: Path) -> N
             {"video_id": [vid] * 5, "frame_index": torch.arange(5) + 100, "frame_number": torch.arange(5), "p": p}
         )
     engine = Engine(lambda e, batch: {"pred": batch["p"]})
-    writer = TemporalEventWriter(output_dir=tmp_path, events_file="events.json", videos=["a", "b"])
+    writer = ProbabilityWriter(output_dir=tmp_path)
     writer.attach(engine)
     with pytest.raises(ValueError, match=r"video b: non-finite probability .* frame_index 102"):
         engine.run(batches, max_epochs=1)
@@ -612,7 +619,7 @@ def test_two_inference_runs_on_one_output_folder(
     try:
         # the first run holds the lock and waits at the gate until the second run has been answered
         _wait_for(lambda: lock.is_file() and lock.read_text() == str(first.pid), first, timeout=300, log=log)
-        second = _run(_infer_argv(mini_galar, out, tiny_model, resume=False))
+        second = _run_here(_infer_argv(mini_galar, out, tiny_model, resume=False))
     finally:
         release.touch()
         rc_first = first.wait(timeout=300)
@@ -671,7 +678,7 @@ def test_training_refuses_a_checkpoint_folder_in_use(mini_galar: Path, tmp_path:
     holder = _start([sys.executable, "-c", _HOLD_LOCK, str(ckpt)], log)
     try:
         _wait_for(lambda: "locked" in log.read_text(), holder, timeout=60, log=log)
-        res = _run(_bundle_argv("training", TRAIN_CFG, dataset_dir=mini_galar, ckpt_dir=ckpt, max_epochs=1))
+        res = _run_here(_bundle_argv("training", TRAIN_CFG, dataset_dir=mini_galar, ckpt_dir=ckpt, max_epochs=1))
     finally:
         _sigkill(holder)
     assert res.returncode != 0
@@ -701,7 +708,7 @@ def test_broken_frame_fails_naming_file_without_corrupting_outputs(
     frames_copy: Path, tiny_model: Path, tmp_path: Path, kind: str
 ) -> None:
     from monai_vce.data import build_inference_datalist, load_vce_frame
-    from monai_vce.handlers.event_writer import load_video_probs
+    from monai_vce.events import load_video_probs
 
     # in the third batch of video 2, so that video 1 is complete (handed over when video 2 starts) before it
     bad = sorted((frames_copy / "frames" / "2").iterdir())[25]
@@ -729,7 +736,7 @@ def test_unusual_frame_formats_convert_and_say_so_once(frames_copy: Path, tiny_m
 
     from monai_vce.data import load_vce_frame
     from monai_vce.data.frames import reset_frame_warnings
-    from monai_vce.handlers.event_writer import load_video_probs
+    from monai_vce.events import load_video_probs
 
     frames = sorted((frames_copy / "frames" / "3").iterdir())
     rgb = np.asarray(Image.open(frames[0]).convert("RGB"))
@@ -932,7 +939,7 @@ def test_bad_event_json_is_named_in_one_line(tmp_path: Path, kind: str) -> None:
 
     # the command line: exit 2, the file and the problem on stderr, no traceback
     for gt, pred in ((good, bad), (bad, good)):
-        res = _run([sys.executable, "-m", "monai_vce.metrics", "--gt", str(gt), "--pred", str(pred)], timeout=120)
+        res = _run([sys.executable, "-m", "monai_vce.metrics", "--gt", str(gt), "--events", str(pred)], timeout=120)
         assert res.returncode == 2 and res.stdout == ""
         assert "Traceback" not in res.stderr and f"{bad}: {expected}" in res.stderr
 
@@ -941,14 +948,14 @@ def test_report_command_line_bad_input_has_no_traceback(tmp_path: Path) -> None:
     obj, expected = _bad_events("unknown label")
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(obj))
-    for argv in (["--pred", str(bad)], ["--pred", str(tmp_path / "missing.json")]):
+    for argv in (["--events", str(bad)], ["--events", str(tmp_path / "missing.json")]):
         res = _run([sys.executable, "-m", "monai_vce.report", *argv, "--out", str(tmp_path / "report")], timeout=120)
         assert res.returncode == 2 and "Traceback" not in res.stderr
         assert "error: " in res.stderr and argv[1] in res.stderr
     assert (
         expected
         in _run(
-            [sys.executable, "-m", "monai_vce.report", "--pred", str(bad), "--out", str(tmp_path / "r")], timeout=120
+            [sys.executable, "-m", "monai_vce.report", "--events", str(bad), "--out", str(tmp_path / "r")], timeout=120
         ).stderr
     )
 
@@ -959,10 +966,13 @@ def test_synthetic_command_line_bad_input_has_no_traceback(tmp_path: Path) -> No
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000)
     cases = [
-        (["--out", str(afile), "--videos", "1", "--frames-per-video", "4"], str(afile)),
-        (["--out", str(tmp_path / "o1"), "--videos", "0"], "must be positive"),
-        (["--out", str(tmp_path / "o2"), "--videos", "1", "--events", str(tmp_path / "none.json")], "none.json"),
-        (["--out", str(tmp_path / "o3"), "--videos", "1", "--events", str(deep)], "deep.json"),
+        (["--out", str(afile), "--num-videos", "1", "--frames-per-video", "4"], str(afile)),
+        (["--out", str(tmp_path / "o1"), "--num-videos", "0"], "must be positive"),
+        (
+            ["--out", str(tmp_path / "o2"), "--num-videos", "1", "--galar-events", str(tmp_path / "none.json")],
+            "none.json",
+        ),
+        (["--out", str(tmp_path / "o3"), "--num-videos", "1", "--galar-events", str(deep)], "deep.json"),
     ]
     for argv, expected in cases:
         res = _run([sys.executable, "-m", "monai_vce.data.synthetic", *argv], timeout=120)
@@ -972,7 +982,7 @@ def test_synthetic_command_line_bad_input_has_no_traceback(tmp_path: Path) -> No
 
 def test_text_embeddings_of_wrong_shape(tmp_path: Path) -> None:
     from monai_vce.networks import TINY_MODEL_NAME, DiffAttnCLIPClassifier
-    from monai_vce.text_embeddings import load_text_embeddings
+    from monai_vce.networks.text_embeddings import load_text_embeddings
 
     net = DiffAttnCLIPClassifier(backbone=TINY_MODEL_NAME, pretrained=False, image_size=64)
     dim = net.embed_dim
@@ -1012,7 +1022,7 @@ def test_checkpoint_of_another_number_of_classes_names_the_file(mini_galar: Path
 def test_config_pointing_to_a_missing_folder(tmp_path: Path, tiny_model: Path) -> None:
     """MONAI prints its own traceback for errors raised in config expressions; the message names the folder."""
     missing = tmp_path / "no_such_galar"
-    res = _run(_bundle_argv("training", TRAIN_CFG, dataset_dir=missing, ckpt_dir=tmp_path / "ckpt"))
+    res = _run_here(_bundle_argv("training", TRAIN_CFG, dataset_dir=missing, ckpt_dir=tmp_path / "ckpt"))
     assert res.returncode != 0
     err = res.stdout + res.stderr
     assert f"dataset folder {missing} not found" in err, err[-3000:]
@@ -1045,7 +1055,7 @@ def test_pickle_with_code_is_refused_by_every_checkpoint_loading_path(mini_galar
     from monai.handlers import CheckpointLoader
 
     from monai_vce.networks import TINY_MODEL_NAME, DiffAttnCLIPClassifier
-    from monai_vce.text_embeddings import load_text_embeddings
+    from monai_vce.networks.text_embeddings import load_text_embeddings
 
     # the payload works: an unsafe load would run it
     probe = tmp_path / "probe_marker"
@@ -1097,7 +1107,7 @@ def test_every_torch_load_in_the_package_is_weights_only() -> None:
 
 
 def test_probability_file_with_pickled_objects_is_refused(tmp_path: Path) -> None:
-    from monai_vce.handlers.event_writer import load_video_probs, npz_frame_count
+    from monai_vce.events import load_video_probs, npz_frame_count
     from monai_vce.workflows import completed_videos
 
     marker = tmp_path / "marker"
@@ -1160,5 +1170,5 @@ def test_hostile_event_json_is_refused_with_bounded_memory(tmp_path: Path) -> No
         ([str(many_path), "--max-events", "5000"], "more than the limit of 5000"),
     ]
     for (pred, *extra), expected in cases:
-        res = _run([sys.executable, "-m", "monai_vce.metrics", "--gt", str(gt), "--pred", pred, *extra], timeout=120)
+        res = _run([sys.executable, "-m", "monai_vce.metrics", "--gt", str(gt), "--events", pred, *extra], timeout=120)
         assert res.returncode == 2 and "Traceback" not in res.stderr and expected in res.stderr, res.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""Per-frame features in the probability files, and the temporal refiner applied by the event writer.
+"""Per-frame features in the probability files, and the temporal refiner applied by the refine stage.
 
 In process, on a tiny network and a few random frames: the features written are the input of the network's head
 from the same forward pass (shape (T, D), float16), absent when not asked for; files without them still load; a
@@ -26,9 +26,10 @@ from monai_vce.events.probabilities import (
     probability_file,
     save_video_probs,
 )
-from monai_vce.handlers import TemporalEventWriter, VideoFrameCollector
+from monai_vce.handlers import ProbabilityWriter, VideoFrameCollector
 from monai_vce.labels import NUM_LABELS
 from monai_vce.postprocessing import EventDecoder
+from monai_vce.stages import decode, refine
 from monai_vce.temporal import TemporalRefiner, refiner_fingerprint
 from monai_vce.temporal.files import refine_folder
 
@@ -58,7 +59,7 @@ def tiny_network() -> nn.Module:
         ).eval()
 
 
-def _run(network: nn.Module, writer: TemporalEventWriter, data: list[dict]) -> SupervisedEvaluator:
+def _run(network: nn.Module, writer: ProbabilityWriter, data: list[dict]) -> SupervisedEvaluator:
     evaluator = SupervisedEvaluator(
         device=torch.device("cpu"),
         val_data_loader=DataLoader(data, batch_size=4, shuffle=False),
@@ -76,9 +77,9 @@ def test_features_come_from_the_same_forward_pass(tiny_network, tmp_path):
     calls = []
     handle = tiny_network.register_forward_hook(lambda *_: calls.append(1))
     try:
-        _run(tiny_network, TemporalEventWriter(tmp_path / "with", events_file=None, features=True), data)
+        _run(tiny_network, ProbabilityWriter(tmp_path / "with", features=True), data)
         batches = len(calls)
-        _run(tiny_network, TemporalEventWriter(tmp_path / "without", events_file=None), data)
+        _run(tiny_network, ProbabilityWriter(tmp_path / "without"), data)
     finally:
         handle.remove()
     assert batches == 3  # 11 frames in batches of 4: one forward pass per batch, none extra for the features
@@ -113,15 +114,13 @@ def test_collector_keeps_features_in_frame_order():
 
 def test_a_network_without_the_feature_module_fails_only_when_features_are_asked(tmp_path):
     network = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, NUM_LABELS)).eval()
-    _run(network, TemporalEventWriter(tmp_path / "plain", events_file=None), _frames())  # no features: runs
+    _run(network, ProbabilityWriter(tmp_path / "plain"), _frames())  # no features: runs
     assert sorted(p.stem for p in (tmp_path / "plain").glob("*.npz")) == sorted(VIDEOS)
     with pytest.raises(ValueError, match=r"network Sequential has no submodule 'classifier_head'.*write_features"):
-        _run(network, TemporalEventWriter(tmp_path / "features", events_file=None, features=True), _frames())
+        _run(network, ProbabilityWriter(tmp_path / "features", features=True), _frames())
     assert not list((tmp_path / "features").glob("*.npz"))
     # naming the module whose input is the feature works for any network
-    _run(
-        network, TemporalEventWriter(tmp_path / "named", events_file=None, features=True, feature_module="1"), _frames()
-    )
+    _run(network, ProbabilityWriter(tmp_path / "named", features=True, feature_module="1"), _frames())
     video = load_video_probs(probability_file(tmp_path / "named", "a"), features=True)
     assert video.features is not None and video.features.shape == (6, 3 * 32 * 32)
 
@@ -145,13 +144,13 @@ def test_files_without_features_still_load_and_are_recomputed_when_features_are_
 
 def test_a_refiner_whose_inputs_the_run_lacks_is_refused(tiny_network, tmp_path):
     refiner = TemporalRefiner(inputs="features", feature_dim=5, network={"stages": 1, "layers": 1, "channels": 4})
-    with pytest.raises(ValueError, match=r"takes inputs='features'.*writes no features: set write_features true"):
-        TemporalEventWriter(tmp_path / "p", refiner=refiner, refined_dir=tmp_path / "r", refiner_source="R")
-    with pytest.raises(ValueError, match="needs refined_dir"):
-        TemporalEventWriter(tmp_path / "p", refiner=TemporalRefiner(), features=True)
-    writer = TemporalEventWriter(
-        tmp_path / "p", refiner=refiner, refined_dir=tmp_path / "r", refiner_source="R", features=True
-    )
+    _run(tiny_network, ProbabilityWriter(tmp_path / "plain"), _frames())  # no features
+    with pytest.raises(ValueError, match=r"probability file .*a\.npz has no 'features' array \(the refiner's inputs"):
+        refine(tmp_path / "plain", tmp_path / "r", refiner)
+    with pytest.raises(ValueError, match="is the folder of the frame model's probability files"):
+        refine(tmp_path / "plain", tmp_path / "plain", TemporalRefiner())
+    # the width a refiner of features needs is checked at the first batch, before any file is written
+    writer = ProbabilityWriter(tmp_path / "p", features=True, feature_dim=refiner.feature_dim)
     with pytest.raises(ValueError, match=r"gives 32-wide features, but 5 are needed"):
         _run(tiny_network, writer, _frames())
     assert not (tmp_path / "p").exists() or not list((tmp_path / "p").glob("*.npz"))  # nothing written
@@ -175,16 +174,9 @@ def test_resume_never_mixes_refined_and_unrefined_files(tmp_path):
         save_video_probs(probability_file(probs_dir, vid), Video(vid, frames[vid], np.arange(n), np.arange(n)), model)
 
     def run(refiner_file: Path) -> dict:
-        writer = TemporalEventWriter(
-            probs_dir,
-            events_file=tmp_path / "events.json",
-            videos=list(VIDEOS),
-            source=model,
-            refiner=TemporalRefiner.load(refiner_file),
-            refined_dir=refined_dir,
-            refiner_source=refiner_fingerprint(refiner_file),
-        )
-        writer.write_events()
+        source = f"{model} | {refiner_fingerprint(refiner_file)}"
+        refine(probs_dir, refined_dir, TemporalRefiner.load(refiner_file), source=source, videos=list(VIDEOS))
+        decode(refined_dir, tmp_path / "events.json", videos=list(VIDEOS))
         return {vid: load_video_probs(probability_file(refined_dir, vid)) for vid in VIDEOS}
 
     refiner_file = tmp_path / "refiner.pt"

@@ -83,16 +83,16 @@ def test_convert_events_both_ways_follows_the_gap_rule():
 def test_metric_refuses_or_converts_files_in_other_units(tmp_path, capsys):
     gt = save_events(tmp_path / "gt.json", GT, frame_units="frame_index")
     pred = save_events(tmp_path / "pred.json", GT_NUMBER, frame_units="frame_number")
-    assert metrics_main(["--gt", str(gt), "--pred", str(pred)]) == 2
+    assert metrics_main(["--gt", str(gt), "--events", str(pred)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "frame units differ" in err[0] and "--probs" in err[0]
-    assert metrics_main(["--gt", str(gt), "--pred", str(pred), "--probs", str(_probs(tmp_path / "probs"))]) == 0
+    assert len(err) == 1 and "frame units differ" in err[0] and "--probs-dir" in err[0]
+    assert metrics_main(["--gt", str(gt), "--events", str(pred), "--probs-dir", str(_probs(tmp_path / "probs"))]) == 0
     out = capsys.readouterr()
     result = json.loads(out.out)
     assert result["mAP@0.5"] == 1.0 and result["frame_units"] == "frame_index" and "converted" in out.err
     # a file without recorded units is scored in the other's units, with a note saying so
     plain = save_events(tmp_path / "plain.json", GT)
-    assert metrics_main(["--gt", str(gt), "--pred", str(plain)]) == 0
+    assert metrics_main(["--gt", str(gt), "--events", str(plain)]) == 0
     out = capsys.readouterr()
     assert json.loads(out.out)["frame_units"] == "frame_index" and "records no frame units" in out.err
 
@@ -186,8 +186,32 @@ def test_evaluation_report_writes_its_own_folder_and_units(tmp_path, capsys):
     assert (tmp_path / "val_report" / "summary.md").is_file() and not (tmp_path / "report").exists()
     assert read_frame_units(tmp_path / "ground_truth.json") is FrameUnits.FRAME_INDEX
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["frame_units"] == "frame_index"
-    # an event file recorded in other units is refused, not scored
+    # an event file recorded in other units than those asked for is refused, not scored
     wrong = save_events(tmp_path / "n.json", GT_NUMBER, frame_units="frame_number")
     with pytest.raises(ValueError, match="frame_number units"):
-        evaluation_report(wrong, datalist, tmp_path / "x")
+        evaluation_report(wrong, datalist, tmp_path / "x", frame_units="frame_index")
+    # without frame_units, the units are those of the event file's sidecar, and the ground truth follows them
+    by_number = evaluation_report(wrong, datalist, tmp_path / "y", draw=False)
+    assert by_number["frame_units"] == "frame_number" and by_number["mAP@0.5"] == 1.0
+    assert read_frame_units(tmp_path / "y" / "ground_truth.json") is FrameUnits.FRAME_NUMBER
     assert load_events(events) == GT
+
+
+def test_frame_units_are_the_datalist_keys():
+    from monai_vce.events import as_frame_units
+
+    item = {"frame_index": 20, "frame_number": 100}
+    assert [item[u] for u in FrameUnits] == [20, 100]
+    assert FrameUnits.FRAME_INDEX == "frame_index" and str(FrameUnits.FRAME_NUMBER) == "frame_number"
+    assert json.dumps({"u": FrameUnits.FRAME_INDEX}) == '{"u": "frame_index"}'
+    assert as_frame_units("frame_number") is FrameUnits.FRAME_NUMBER
+    assert as_frame_units(FrameUnits.FRAME_INDEX) is FrameUnits.FRAME_INDEX
+    for bad in ("idx", "index", None):
+        with pytest.raises(
+            ValueError, match=rf"frame_units must be one of \['frame_index', 'frame_number'\], got {bad!r}"
+        ):
+            as_frame_units(bad)
+    video = Video("v", np.zeros((2, NUM_LABELS)), np.array([3, 4]), np.array([15, 20]))
+    assert video.frame_ids("frame_number").tolist() == [15, 20] and video.frame_ids().tolist() == [3, 4]
+    with pytest.raises(ValueError, match="got 'index'"):
+        video.frame_ids("index")

@@ -192,7 +192,7 @@ def test_fuzz_event_files_through_the_validator_and_the_metric_command_line(
 
     out, err = io.StringIO(), io.StringIO()
     with _bounded("the metric command line"), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(["--gt", str(gt), "--pred", str(pred)])
+        code = main(["--gt", str(gt), "--events", str(pred)])
     assert code in (0, 2)
     if code == 0:
         result = json.loads(out.getvalue())

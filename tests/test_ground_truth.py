@@ -141,5 +141,5 @@ def test_every_ground_truth_of_the_package_is_the_one_builder(mini_galar):
             np.array([d["frame_index"] for d in items]),
             targets=np.array([d["label"] for d in items]),
         )
-    from_targets = {vid: item[2] for vid, item in collector.decoding_inputs().items()}
+    from_targets = {vid: v.events for vid, v in collector.labelled_videos().items()}
     assert from_targets == {v["video_id"]: v["events"] for v in written["videos"] if v["video_id"] in ("1", "2")}

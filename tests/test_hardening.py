@@ -1,7 +1,7 @@
 """Bad inputs found by trying what a hostile or careless user would: each gives a one-line error or a documented,
 reported policy, never a crash, a traceback, a file outside the output folder or a lost result.
 
-One test per defect (numbered as in the README's "Failure behaviour" table): corrupted frames, video ids that look
+One test per defect (the rows of ``docs/design/failures.md``): corrupted frames, video ids that look
 like paths, videos listed in two places, the generator's lock, decompression bombs, stale resumed results, ids with
 blanks and accents, weights of the wrong type, label CSVs with bad ``index`` values, event files that are devices or
 pipes, huge numbers, silently accepted duplicates, errors that named nothing, and smaller ones. Code that could take
@@ -103,11 +103,13 @@ def _probs(n: int, seed: int = 0) -> np.ndarray:
     return p
 
 
-def _run_writer(items: list[dict], out: Path, batch: int = 4, **writer_kwargs) -> object:
-    """Feed frame items through an ignite engine with a TemporalEventWriter, as the bundle's evaluator does."""
+def _run_writer(items: list[dict], out: Path, batch: int = 4, videos=None, report_dir=None) -> object:
+    """Feed frame items through an ignite engine with a ProbabilityWriter, as the bundle's evaluator does, then
+    decode the files into ``out/events.json`` (and draw the report), as the bundle's run list does."""
     from ignite.engine import Engine
 
-    from monai_vce.handlers import TemporalEventWriter
+    from monai_vce.handlers import ProbabilityWriter
+    from monai_vce.stages import decode, report
 
     batches = []
     for s in range(0, len(items), batch):
@@ -120,10 +122,12 @@ def _run_writer(items: list[dict], out: Path, batch: int = 4, **writer_kwargs) -
                 "frame_number": torch.tensor([d["frame_number"] for d in chunk]),
             }
         )
-    writer = TemporalEventWriter(output_dir=out, events_file="events.json", name="test.writer", **writer_kwargs)
+    writer = ProbabilityWriter(output_dir=out, name="test.writer")
     engine = Engine(lambda e, b: {"pred": torch.as_tensor(b["pred"])})
     writer.attach(engine)
     engine.run(batches, max_epochs=1)
+    decode(out, out / "events.json", videos=videos)
+    report(out / "events.json", report_dir, out)
     return writer
 
 
@@ -468,7 +472,7 @@ def test_12_event_file_that_is_a_device_or_a_pipe_is_refused(tmp_path: Path) -> 
     gt = tmp_path / "gt.json"
     gt.write_text(json.dumps({"videos": [{"video_id": "1", "events": []}]}))
     res = run_capped(
-        [sys.executable, "-m", "monai_vce.metrics", "--gt", str(gt), "--pred", "/dev/zero"],
+        [sys.executable, "-m", "monai_vce.metrics", "--gt", str(gt), "--events", "/dev/zero"],
         limit_mb=LIGHT_CAP_MB,
         timeout=60,
     )
@@ -589,14 +593,24 @@ def test_15_errors_name_the_file_and_what_to_do(tmp_path: Path) -> None:
     afile = tmp_path / "afile"
     afile.write_text("x")
     res = run_capped(
-        [sys.executable, "-m", "monai_vce.metrics", "--gt", str(gt), "--pred", str(gt), "--out", str(afile / "r.json")],
+        [
+            sys.executable,
+            "-m",
+            "monai_vce.metrics",
+            "--gt",
+            str(gt),
+            "--events",
+            str(gt),
+            "--out",
+            str(afile / "r.json"),
+        ],
         limit_mb=LIGHT_CAP_MB,
         timeout=60,
     )
     assert res.returncode == 2 and "Traceback" not in res.stderr and f"{afile} is a file" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
-    assert metrics_main(["--gt", str(gt), "--pred", str(gt), "--out", str(afile / "sub" / "r.json")]) == 2
-    assert report_main(["--pred", str(gt), "--out", str(afile / "report")]) == 2
+    assert metrics_main(["--gt", str(gt), "--events", str(gt), "--out", str(afile / "sub" / "r.json")]) == 2
+    assert report_main(["--events", str(gt), "--out", str(afile / "report")]) == 2
 
 
 # ---------------------------------------------------------------------------------------------- 16. minor

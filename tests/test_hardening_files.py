@@ -20,7 +20,7 @@ from capped import TORCH_CAP_MB, python_capped
 from monai_vce.handlers.checkpoint import AtomicDiskSaver, VCECheckpointLoader
 from monai_vce.temporal.refiner import RefinerEnsemble, TemporalRefiner, load_refiner_file
 
-TINY = {"_target_": "monai_vce.temporal.MultiStageTCN", "stages": 1, "layers": 2, "channels": 4, "dropout": 0.0}
+TINY = {"_target_": "MultiStageTCN", "stages": 1, "layers": 2, "channels": 4, "dropout": 0.0}
 
 
 def _one_line(e: pytest.ExceptionInfo) -> str:
@@ -73,13 +73,16 @@ def test_refiner_target_is_never_imported(tmp_path, monkeypatch, target):
     assert not {"vce_marker_module", "antigravity", "this"} & (set(sys.modules) - before)
 
 
-def test_project_class_paths_still_load(tmp_path):
-    # files written by the project name their network by its full class path: mapped, not imported
-    refiner = TemporalRefiner(network={**TINY, "_target_": "monai_vce.temporal.MultiStageTCN"})
+def test_a_file_names_its_network_by_its_key(tmp_path):
+    # one name per network: its NETWORKS key, mapped, never imported; no class path is read
+    refiner = TemporalRefiner(network=TINY)
     config = refiner.get_config()
-    assert config["network"]["_target_"] == "monai_vce.temporal.networks.MultiStageTCN"
+    assert config["network"]["_target_"] == "MultiStageTCN"
     loaded = TemporalRefiner.load(refiner.save(tmp_path / "r.pt"))
     assert loaded.get_config() == config
+    for path in ("monai_vce.temporal.MultiStageTCN", "monai_vce.temporal.networks.MultiStageTCN"):
+        with pytest.raises(ValueError, match="not a refinement network of this project"):
+            TemporalRefiner(network={**TINY, "_target_": path})
 
 
 # ---------------------------------------------------------------- 3. sizes checked before anything is built

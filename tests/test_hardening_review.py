@@ -57,13 +57,13 @@ def exam(tmp_path):
 def _cli(exam, out, *extra):
     return main(
         [
-            "--pred",
+            "--events",
             str(exam["pred"]),
-            "--frames",
+            "--frames-dir",
             str(exam["frames"]),
             "--out",
             str(out),
-            "--probs",
+            "--probs-dir",
             str(exam["probs"]),
             "--workers",
             "2",

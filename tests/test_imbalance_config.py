@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import monai
 import numpy as np
 import pytest
 import torch
+from bundle_helpers import TRAIN
 from monai.bundle import ConfigParser, ConfigWorkflow
 from PIL import Image
 
@@ -17,8 +19,12 @@ from monai_vce.handlers import EMAWeights, ThresholdOptimizationHandler
 from monai_vce.losses import AsymmetricFocalLoss
 from monai_vce.postprocessing import load_thresholds
 
+#: the bundle's training pipeline (decode, augmentation, cast), as train.json writes it
+BUNDLE = json.loads(Path(TRAIN).read_text())
+
 CONFIG = {
-    "imports": ["$import torch", "$import monai", "$import monai_vce"],
+    "imports": ["$import math", "$import torch", "$import monai", "$import monai_vce"],
+    "augmentation": BUNDLE["augmentation"],
     "bundle_root": ".",
     "dataset_dir": ".",
     "device": "$torch.device('cpu')",
@@ -30,7 +36,9 @@ CONFIG = {
     "network": "$torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * @image_size ** 2, 17))",
     "prepare_batch": {"_target_": "monai_vce.data.VCEPrepareBatch"},
     "train": {
-        "preprocessing": {"_target_": "monai_vce.data.vce_train_transforms", "image_size": "@image_size"},
+        "load": BUNDLE["train"]["load"],
+        "finalise": BUNDLE["train"]["finalise"],
+        "preprocessing": BUNDLE["train"]["preprocessing"],
         "dataset": {"_target_": "monai.data.Dataset", "data": "@datalist", "transform": "@train#preprocessing"},
         "sampler": {
             "_target_": "monai_vce.data.SqrtFrequencySampler",

@@ -22,6 +22,7 @@ from monai_vce.inference import (
 )
 from monai_vce.labels import NUM_LABELS
 from monai_vce.networks import TINY_MODEL_NAME, DiffAttnCLIPClassifier
+from monai_vce.stages import decode, refine
 from monai_vce.workflows import inference_datalist
 
 
@@ -90,8 +91,9 @@ def test_frame_predictor_matches_the_network(mini, network):
 def test_reduced_inference_files_events_and_resume(mini, network, tmp_path):
     data = inference_datalist(mini / "frames")
     full = ReducedInference(network, data, tmp_path / "full", stride=1, image_size=64, batch_size=16, progress=False)
-    events_path = full.run()
-    events = json.loads(events_path.read_text())
+    assert full.run() == tmp_path / "full"
+    assert sorted(p.name for p in (tmp_path / "full").iterdir()) == ["1.npz", "2.npz"]  # the files and nothing more
+    events = json.loads(decode(tmp_path / "full", tmp_path / "events.json").read_text())
     assert [v["video_id"] for v in events["videos"]] == ["1", "2"]
     with np.load(tmp_path / "full" / "1.npz") as z:
         full_probs = z["probs"]
@@ -109,7 +111,7 @@ def test_reduced_inference_files_events_and_resume(mini, network, tmp_path):
         assert z["frame_index"].tolist() == list(range(40))
         assert "reduced(stride=8" in str(z["source"])
     assert run.stats["1"] == {"frames": 40, "inferred": 6, "seconds": pytest.approx(run.stats["1"]["seconds"])}
-    events = json.loads((out / "events.json").read_text())
+    events = json.loads(decode(out, tmp_path / "reduced_events.json").read_text())
     assert [v["video_id"] for v in events["videos"]] == ["1", "2"]
 
     # a rerun with the same model and settings infers nothing; other settings recompute
@@ -127,7 +129,7 @@ def test_reduced_inference_files_events_and_resume(mini, network, tmp_path):
 
 def test_reduced_inference_skips_near_duplicates(mini, network, tmp_path):
     data = lingering_copy(mini, tmp_path)
-    common = {"stride": 1, "image_size": 64, "batch_size": 16, "progress": False, "events_file": None}
+    common = {"stride": 1, "image_size": 64, "batch_size": 16, "progress": False}
     run = ReducedInference(network, data, tmp_path / "dup", duplicate_tolerance=0.5, **common)
     run.run()
     with np.load(tmp_path / "dup" / "1.npz") as z:
@@ -141,7 +143,7 @@ def test_reduced_inference_skips_near_duplicates(mini, network, tmp_path):
 def test_resume_between_full_and_reduced_inference(mini, network, tmp_path):
     """A reduced run reuses the full-inference files of the same model; full inference never reuses reduced ones."""
     data = inference_datalist(mini / "frames")
-    common = {"image_size": 64, "batch_size": 16, "progress": False, "events_file": None, "source": "model-a"}
+    common = {"image_size": 64, "batch_size": 16, "progress": False, "source": "model-a"}
     out = tmp_path / "probs"
     ReducedInference(network, data, out, stride=8, refine=False, **common).run()
     assert (
@@ -164,23 +166,51 @@ def test_resume_between_full_and_reduced_inference(mini, network, tmp_path):
     assert resume_sources("model-a", {**keys, "stride": 1}) == resume_sources("model-a") == ["model-a"]
 
 
-def test_probs_transform_composes_with_reduced_inference(mini, network, tmp_path):
-    """A probability transform (the hook of a temporal refiner) is what the refinement aims at and what the events
-    are decoded from; the files keep the frame model's probabilities."""
+def test_a_refiner_of_probabilities_composes_with_reduced_inference(mini, network, tmp_path):
+    """A refiner of probabilities is what the refinement aims at; the files keep the frame model's probabilities, and
+    the refine and decode stages decode the refined ones."""
     data = inference_datalist(mini / "frames")
     calls = []
 
-    def sharpen(probs: np.ndarray) -> np.ndarray:
-        calls.append(len(probs))
-        return np.where(probs > np.median(probs, axis=0), 0.9, 0.1).astype(np.float32)
+    class Sharpen:
+        inputs, trained_videos = "probs", ()
 
+        def refine(self, probs, features=None, chunk_size=None):
+            calls.append(len(probs))
+            return np.where(probs > np.median(probs, axis=0), 0.9, 0.1).astype(np.float32)
+
+    sharpen = Sharpen()
     run = ReducedInference(
-        network, data, tmp_path / "out", stride=8, probs_transform=sharpen, image_size=64, batch_size=16, progress=False
+        network, data, tmp_path / "out", stride=8, refiner=sharpen, image_size=64, batch_size=16, progress=False
     )
-    events = {v["video_id"]: v["events"] for v in json.loads(run.run().read_text())["videos"]}
-    assert calls.count(40) >= 4  # every video: at least one refinement round and the writer
+    assert run.probs_transform == sharpen.refine
+    run.run()
+    assert calls.count(40) >= 2  # every video: at least one refinement round
+    refine(tmp_path / "out", tmp_path / "refined", sharpen)
+    events = {
+        v["video_id"]: v["events"]
+        for v in json.loads(decode(tmp_path / "refined", tmp_path / "e.json").read_text())["videos"]
+    }
     for vid in ("1", "2"):
         video = load_video_probs(tmp_path / "out" / f"{vid}.npz")
         assert not np.isin(video.probs, (0.1, 0.9)).all()
-        assert events[vid] == run.decoder(sharpen(video.probs), video.frame_index, video_id=vid)
+        assert events[vid] == run.decoder(sharpen.refine(video.probs), video.frame_index, video_id=vid)
         assert events[vid] != run.decoder(video.probs, video.frame_index, video_id=vid)
+
+
+def test_reduced_inference_refuses_what_it_cannot_write(mini, network, tmp_path):
+    """Reduced inference infers some frames only: per-frame features, or a refiner of features, are refused."""
+    data = inference_datalist(mini / "frames")
+    common = {"stride": 4, "image_size": 64, "progress": False}
+    with pytest.raises(ValueError, match=r"reduced inference \(reduced\(stride=4.*\(write_features\)"):
+        ReducedInference(network, data, tmp_path / "a", features=True, **common).run()
+
+    class OfFeatures:
+        inputs = "features"
+
+        def refine(self, probs, features=None, chunk_size=None):
+            return probs
+
+    with pytest.raises(ValueError, match=r"a temporal refiner with inputs='features'"):
+        ReducedInference(network, data, tmp_path / "b", refiner=OfFeatures(), **common).run()
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

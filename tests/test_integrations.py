@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from bundle_helpers import CONFIGS, require_integration, run_bundle, trained_bundle
+from bundle_helpers import CONFIGS, require_integration, run_in_process, trained_bundle
 
 pytestmark = pytest.mark.integration
 
@@ -242,7 +242,7 @@ def test_monai_deploy_application_writes_the_bundles_events(tmp_path_factory, tm
     video = mini_galar / "frames" / "ukdd_navi_00004"
     # the bundle's own inference on the same video folder
     own = tmp_path / "own"
-    run_bundle(
+    run_in_process(
         [
             "run",
             "--config_file",

@@ -9,6 +9,7 @@ import json
 import numpy as np
 
 from monai_vce.data.synthetic import builtin_timeline
+from monai_vce.events import Video
 from monai_vce.labels import LABELS, LANDMARKS, NUM_LABELS, SECTIONS
 from monai_vce.postprocessing import (
     DecoderParams,
@@ -52,8 +53,9 @@ def _check_landmarks(videos: dict, params: DecoderParams, window: int) -> None:
     """Every decoded landmark frame lies near a boundary of the sections the decoder emitted."""
     decoder = EventDecoder(params)
     sec_cols = [LABELS.index(s) for s in SECTIONS]
-    for vid, (probs, ids, _) in videos.items():
-        frames = events_to_frames(decoder(probs, ids, video_id=vid), ids)
+    for vid, v in videos.items():
+        probs, ids = v.probs, v.frame_index
+        frames = events_to_frames(decoder.decode(v), ids)
         emitted = frames[:, sec_cols]
         last = np.maximum.accumulate(np.where(emitted.any(1), np.arange(len(ids)), -1))
         best = np.where(emitted, probs[:, sec_cols], -1.0).argmax(1)  # overlapping sections: the most probable
@@ -90,7 +92,7 @@ def _simulated(truths: list[np.ndarray], level: str) -> dict:
         # marks the landmark on every frame unless the gate keeps it near a boundary
         rng = np.random.default_rng(j)
         probs[:, LANDMARK_COLUMNS] = rng.uniform(0.2, 0.4, (truth.shape[0], len(LANDMARK_COLUMNS)))
-        out[str(j)] = (probs, ids, frames_to_events(truth, ids))
+        out[str(j)] = Video(str(j), probs, ids, ids, events=frames_to_events(truth, ids))
     return out
 
 

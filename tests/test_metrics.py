@@ -3,14 +3,17 @@ against the per-pair reference, the command line and the ignite metric."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from monai_vce.__main__ import main
+from monai_vce.events import Video
 from monai_vce.labels import LABELS
 from monai_vce.metrics import (
     average_precision,
@@ -20,7 +23,6 @@ from monai_vce.metrics import (
     video_average_precision,
 )
 
-REPO = Path(__file__).resolve().parents[1]
 N = len(LABELS)
 
 
@@ -251,13 +253,11 @@ def test_low_level_functions_agree():
 
 
 def _cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "monai_vce.metrics", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+    """``python -m monai_vce metrics ...`` in this process (an interpreter per call would cost seconds of imports)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["metrics", *map(str, args)])
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def test_cli_prints_result_and_writes_out(tmp_path):
@@ -265,7 +265,7 @@ def test_cli_prints_result_and_writes_out(tmp_path):
     pred = doc(a=[ev(0, 9, "colon")], b=[ev(0, 9, "stomach")])
     (tmp_path / "gt.json").write_text(json.dumps(gt))
     (tmp_path / "pred.json").write_text(json.dumps(pred))
-    proc = _cli("--gt", tmp_path / "gt.json", "--pred", tmp_path / "pred.json", "--out", tmp_path / "r.json")
+    proc = _cli("--gt", tmp_path / "gt.json", "--events", tmp_path / "pred.json", "--out", tmp_path / "r.json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     expected = temporal_map(gt, pred)
@@ -273,7 +273,7 @@ def test_cli_prints_result_and_writes_out(tmp_path):
     assert out["mAP@0.95"] == pytest.approx(expected["mAP@0.95"])
     assert set(out["per_video"]) == {"a", "b"}
     assert json.loads((tmp_path / "r.json").read_text()) == out
-    proc = _cli("--gt", tmp_path / "gt.json", "--pred", tmp_path / "pred.json", "--thresholds", "0.3", "0.7")
+    proc = _cli("--gt", tmp_path / "gt.json", "--events", tmp_path / "pred.json", "--tiou-thresholds", "0.3", "0.7")
     assert set(json.loads(proc.stdout)) >= {"mAP@0.3", "mAP@0.7"}
 
 
@@ -282,22 +282,22 @@ def test_cli_invalid_files_exit_2_without_traceback(tmp_path):
     (tmp_path / "gt.json").write_text(json.dumps(gt))
     bad = {"videos": [{"video_id": "a", "events": [{"start": 9, "end": 3, "label": "colon"}, ev(0, 1, "tumour")]}]}
     (tmp_path / "bad.json").write_text(json.dumps(bad))
-    proc = _cli("--gt", tmp_path / "gt.json", "--pred", tmp_path / "bad.json")
+    proc = _cli("--gt", tmp_path / "gt.json", "--events", tmp_path / "bad.json")
     assert proc.returncode == 2 and proc.stdout == ""
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 4, lines
+    assert len(lines) == 4 and all(line.startswith("error: ") for line in lines), lines
     assert any("video 'a' (videos[0]) event 0: start 9 > end 3" in line for line in lines)
     assert any("event 0: 'label' must be a list" in line for line in lines)
     assert any("event 1: unknown label 'tumour'" in line for line in lines)
     assert any("video 'b': in the ground truth but missing from the prediction" in line for line in lines)
 
     (tmp_path / "broken.json").write_text('{"videos": [\n  {"video_id": "a",}\n]}')
-    proc = _cli("--gt", tmp_path / "gt.json", "--pred", tmp_path / "broken.json")
+    proc = _cli("--gt", tmp_path / "gt.json", "--events", tmp_path / "broken.json")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "not valid JSON" in proc.stderr and "line 2" in proc.stderr
 
-    proc = _cli("--gt", tmp_path / "gt.json", "--pred", tmp_path / "nope.json")
+    proc = _cli("--gt", tmp_path / "gt.json", "--events", tmp_path / "nope.json")
     assert proc.returncode == 2 and "not found" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -306,8 +306,8 @@ def test_cli_missing_videos_refused_unless_allowed(tmp_path):
     pred = doc(a=[ev(0, 9, "colon")])
     (tmp_path / "gt.json").write_text(json.dumps(gt))
     (tmp_path / "pred.json").write_text(json.dumps(pred))
-    assert _cli("--gt", tmp_path / "gt.json", "--pred", tmp_path / "pred.json").returncode == 2
-    proc = _cli("--gt", tmp_path / "gt.json", "--pred", tmp_path / "pred.json", "--allow-missing-videos")
+    assert _cli("--gt", tmp_path / "gt.json", "--events", tmp_path / "pred.json").returncode == 2
+    proc = _cli("--gt", tmp_path / "gt.json", "--events", tmp_path / "pred.json", "--allow-missing-videos")
     assert proc.returncode == 0
     assert json.loads(proc.stdout)["per_video"]["b"]["mAP@0.5"] == pytest.approx((N - 1) / N)
 
@@ -512,7 +512,7 @@ def test_ignite_metric_cross_fitted_decoder_scores_each_video_with_a_decoder_tun
     fold = video_folds(len(vids), 2, seed=0)
     pred = {}
     for k in (0, 1):
-        fit = [(videos[v][0], ids, gt[v]) for v, f in zip(vids, fold, strict=False) if f != k]
+        fit = [Video(v, videos[v][0], ids, ids, events=gt[v]) for v, f in zip(vids, fold, strict=False) if f != k]
         dec = EventDecoder(tune_decoder(fit, **kwargs))
         pred.update({v: dec(videos[v][0], ids) for v, f in zip(vids, fold, strict=False) if f == k})
     expected = temporal_map(event_json(gt), event_json(pred))
@@ -526,3 +526,32 @@ def test_ignite_metric_cross_fitted_decoder_scores_each_video_with_a_decoder_tun
     assert 0.0 <= e_few.state.metrics["tmap"] <= 1.0
     with pytest.raises(ValueError, match="cross_fitted"):
         TemporalMAPMetric(decoder="tuned")
+
+
+def test_tiou_thresholds_name_the_result_keys():
+    from monai_vce.metrics import tiou_key
+    from monai_vce.postprocessing import DecoderParams, tune_decoder
+
+    gt = {"videos": [{"video_id": "v", "events": [ev(0, 9, "colon")]}]}
+    pred = {"videos": [{"video_id": "v", "events": [ev(0, 7, "colon")]}]}
+    res = temporal_map(gt, pred, tiou_thresholds=(0.5, 0.9))
+    assert res["tiou_thresholds"] == [0.5, 0.9] and res["mAP@0.5"] == 1.0 and "mAP@0.9" in res
+    assert res["per_label"]["colon"] == {"0.5": 1.0, "0.9": 0.0}  # tIoU 0.8
+    assert tiou_key(0.95) == "0.95" and tiou_key(0.5) == "0.5"
+    p = np.zeros((20, N))
+    p[:10, LABELS.index("colon")] = 0.9
+    ids = np.arange(20)
+    videos = [Video("v", p, ids, ids, events=gt["videos"][0]["events"])]
+    kwargs = {"grids": {"threshold": (0.5,)}, "anatomy": False, "rounds": 1, "presence_folds": 0}
+    assert isinstance(tune_decoder(videos, tiou_thresholds=(0.5,), **kwargs), DecoderParams)
+
+
+def test_ignite_metric_scores_its_tiou_threshold_first_in_the_given_units():
+    from monai_vce.events import FrameUnits
+    from monai_vce.handlers import TemporalMAPMetric
+
+    metric = TemporalMAPMetric(tiou_threshold=0.95, tiou_thresholds=(0.5, 0.95), frame_units="frame_number")
+    assert metric.tiou_threshold == 0.95 and metric.tiou_thresholds == (0.95, 0.5)
+    assert metric.collector.frame_units is FrameUnits.FRAME_NUMBER
+    with pytest.raises(ValueError, match="frame_units must be one of"):
+        TemporalMAPMetric(frame_units="frames")

@@ -16,7 +16,6 @@ from monai_vce.events import (
     video_file_name,
 )
 from monai_vce.labels import LABELS
-from monai_vce.report import load_probabilities
 from monai_vce.utils import atomic_save_npz
 
 
@@ -43,10 +42,6 @@ def test_round_trip_with_and_without_features(tmp_path):
     b = load_video_probs(tmp_path / "2.npz", features=True)
     assert b.features is not None and b.features.dtype == np.float16 and b.features.shape == (5, 8)
     assert load_video_probs(tmp_path / "2.npz").features is None  # read only when asked for
-    # the report's reader is the same reader
-    probs, ids = load_probabilities(tmp_path / "2.npz", frame_units="frame_number")
-    np.testing.assert_array_equal(probs, rich.probs)
-    np.testing.assert_array_equal(ids, rich.frame_number)
     assert list(probability_files(tmp_path)) == ["1", "2"] and npz_record(tmp_path / "1.npz") == (5, "model.pt:1:2")
 
 
@@ -56,6 +51,8 @@ def test_every_key_is_checked_with_the_file_and_key_named(tmp_path):
         "frame_index": np.arange(4),
         "frame_number": np.arange(4),
         "labels": np.asarray(LABELS),
+        "video_id": np.asarray("v"),
+        "source": np.asarray(""),
     }
     cases = {
         "probs": ({"probs": np.zeros((4, 16), np.float32)}, r"'probs' must be a float \(T, 17\) array"),
@@ -70,7 +67,7 @@ def test_every_key_is_checked_with_the_file_and_key_named(tmp_path):
             load_video_probs(path, features=True)
         assert npz_record(path) is None or name == "features"  # the record does not read the features
     missing = atomic_save_npz(tmp_path / "missing.npz", probs=good["probs"], frame_index=good["frame_index"])
-    with pytest.raises(ValueError, match=r"missing\.npz: missing keys frame_number, labels"):
+    with pytest.raises(ValueError, match=r"missing\.npz: missing keys frame_number, labels, video_id, source$"):
         load_video_probs(missing)
     with pytest.raises(FileNotFoundError, match=r"absent\.npz not found"):
         load_video_probs(tmp_path / "absent.npz")
@@ -102,6 +99,7 @@ def test_the_inferred_mask_of_reduced_inference(tmp_path):
     with pytest.raises(ValueError, match=r"video '3': 'inferred' must be 6 booleans"):
         save_video_probs(tmp_path / "bad.npz", video)
     good = {"probs": video.probs, "frame_index": video.frame_index, "frame_number": video.frame_number}
+    good.update(video_id=np.asarray("3"), source=np.asarray(""))
     path = atomic_save_npz(tmp_path / "mask.npz", **good, labels=np.asarray(LABELS), inferred=np.ones(6, np.int64))
     with pytest.raises(ValueError, match=r"mask\.npz: 'inferred' must be 6 booleans"):
         load_video_probs(path)

@@ -1,5 +1,5 @@
-"""The training presets: ``paper.json`` is the paper's recipe, ``project.json`` the project's and the bundle's default;
-both resolve through MONAI's ConfigParser into the components they name, and merge over inference.json."""
+"""The training recipes: ``train.json`` alone is the project's (the bundle's default), ``paper.json`` over it the
+paper's; both resolve through MONAI's ConfigParser into the components they name, and merge over inference.json."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from monai_vce.losses import AsymmetricFocalLoss, BinaryCrossEntropyLoss, class_
 from monai_vce.networks import DifferentialAttention, save_tiny_local_dir
 
 PAPER = str(CONFIGS / "paper.json")
-PROJECT = str(CONFIGS / "project.json")
 TINY = {"backbone": "vce-tiny-vit-64", "pretrained": False, "image_size": 64, "device": "$torch.device('cpu')"}
 
 
@@ -41,7 +40,9 @@ def test_paper_preset_is_the_papers_recipe(mini_galar, tmp_path, text_tower):
     parser = _parser([TRAIN, PAPER], mini_galar, tmp_path, text_model=text_tower)
     preset = json.loads(Path(PAPER).read_text())
     assert preset["seed"] == 42 and preset["batch_size"] == 128 and preset["max_epochs"] == 5
-    assert preset["mixup_alpha"] == 0.3 and preset["ema_decay"] == 0.999
+    # mixup and the EMA are the paper's in train.json already
+    assert parser.get_parsed_content("mixup_alpha") == 0.3 and parser.get_parsed_content("ema_decay") == 0.999
+    assert parser.get_parsed_content("train#ema").beta == 0.999
     # network: the paper's differential attention in every block, the paper's heads
     net = parser.get_parsed_content("network_def")
     blocks = net.visual.trunk.blocks
@@ -97,25 +98,22 @@ def test_one_cycle_per_group_max_lr_from_the_config(mini_galar, tmp_path):
     assert backbone["lr"] == pytest.approx(9e-5) and head["lr"] == pytest.approx(3e-4)
 
 
-def test_train_json_defaults_are_the_project_preset():
+def test_train_json_defaults_are_the_project_recipe():
     """The bundle's default recipe is the one that won the ablation on held-out videos (``project``): train.json
-    alone sets every preset key as project.json, and inference.json builds the same network."""
+    alone; paper.json changes only train.json's keys, and inference.json builds train.json's network."""
     train = json.loads(Path(TRAIN).read_text())
     infer = json.loads(Path(INFERENCE).read_text())
     paper = json.loads(Path(PAPER).read_text())
-    project = json.loads(Path(PROJECT).read_text())
-    assert set(paper) == set(project)  # both presets set the same keys, so either one fully selects its recipe
-    for key, value in project.items():
-        assert train[key] == value, key
+    assert set(paper) <= set(train)  # every key of the preset is a setting of train.json
+    assert all(paper[k] != train[k] for k in paper)
     for key in ("attention_variant", "se_reduction", "head_batch_norm"):
-        assert infer[key] == project[key], key
-    assert any(paper[k] != project[k] for k in paper)
-    # and the presets are all top-level keys, so one file also merges over inference.json and evaluate.json
-    assert not any("#" in k for k in list(paper) + list(project))
+        assert infer[key] == train[key], key
+    # and the preset is all top-level keys, so one file also merges over inference.json and evaluate.json
+    assert not any("#" in k for k in paper)
 
 
-def test_project_preset(mini_galar, tmp_path):
-    parser = _parser([TRAIN, PROJECT], mini_galar, tmp_path)
+def test_project_recipe(mini_galar, tmp_path):
+    parser = _parser([TRAIN], mini_galar, tmp_path)
     net = parser.get_parsed_content("network_def")
     blocks = net.visual.trunk.blocks
     assert all(b.attn.variant == "diff_transformer" and b.attn.use_sub_norm for b in blocks)
@@ -132,7 +130,7 @@ def test_project_preset(mini_galar, tmp_path):
     assert parser.get_parsed_content("train#lr_scheduler").total_steps == 10 * parser.get_parsed_content("epoch_length")
 
 
-@pytest.mark.parametrize("preset", [None, PAPER, PROJECT])
+@pytest.mark.parametrize("preset", [None, PAPER])
 def test_presets_merge_over_inference_json(preset, mini_galar, tmp_path):
     """The inference network built with a preset has the training network's architecture (same state dict)."""
     extra = [preset] if preset else []

@@ -101,6 +101,8 @@ def _write_probs(folder: Path, video_id: str, n: int, seed: int = 0, frame_numbe
         frame_index=np.arange(n, dtype=np.int64),
         frame_number=np.arange(n, dtype=np.int64) * 2 + frame_number_offset,
         labels=np.array(LABELS),
+        video_id=np.asarray(video_id),
+        source=np.asarray(""),
     )
 
 
@@ -332,13 +334,11 @@ def test_frame_number_units(tmp_path):
     res = write_report(pred, tmp_path / "r", probs_dir=probs, frame_units="frame_number")
     assert _png_size(res["timelines"]["a"]) == (1600, 700)
     # in frame-index units these events lie outside the 1,000 frames of the file: a clear mismatch error
-    with pytest.raises(ValueError, match=r"video 'a'.*a\.npz.*--frame-units"):
+    with pytest.raises(ValueError, match=r"video 'a'.*a\.npz.*--frame-units") as e:
         write_report(pred, tmp_path / "r2", probs_dir=probs, frame_units="frame_index")
-    # the former argument and value keep working for one release, with a DeprecationWarning each
-    with pytest.warns(DeprecationWarning) as record, pytest.raises(ValueError, match=r"cover frame_index 0 to 999"):
-        write_report(pred, tmp_path / "r3", probs_dir=probs, units="index")
-    messages = " ".join(str(w.message) for w in record)
-    assert "'units' is deprecated" in messages and "'index' is deprecated" in messages
+    assert "cover frame_index 0 to 999" in str(e.value)
+    with pytest.raises(ValueError, match=r"frame_units must be one of \['frame_index', 'frame_number'\], got 'index'"):
+        write_report(pred, tmp_path / "r3", probs_dir=probs, frame_units="index")
 
 
 def test_bad_inputs_name_the_file_or_video(files, tmp_path):
@@ -368,6 +368,8 @@ def test_bad_inputs_name_the_file_or_video(files, tmp_path):
         frame_index=np.arange(FRAMES - 1),
         frame_number=np.arange(FRAMES),
         labels=np.array(LABELS),
+        video_id=np.asarray("b"),
+        source=np.asarray(""),
     )
     with pytest.raises(ValueError, match=r"b\.npz.*frame_index"):
         write_report(pred, tmp_path / "o5", gt=gt, probs_dir=probs)
@@ -389,18 +391,18 @@ def test_missing_matplotlib_gives_install_hint(files, tmp_path, monkeypatch):
     with pytest.raises(ImportError, match=r"monai-vce\[report\]"):
         write_report(pred, out)
     assert not out.exists()  # refused before writing anything
-    assert main(["--pred", str(pred), "--out", str(out)]) == 2
+    assert main(["--events", str(pred), "--out", str(out)]) == 2
 
 
 def test_command_line(files, tmp_path, capsys):
     gt, pred, probs = files
     out = tmp_path / "cli"
-    assert main(["--pred", str(pred), "--gt", str(gt), "--probs", str(probs), "--out", str(out)]) == 0
+    assert main(["--events", str(pred), "--gt", str(gt), "--probs-dir", str(probs), "--out", str(out)]) == 0
     printed = json.loads(capsys.readouterr().out)
     expected = temporal_map(gt, pred)
     assert printed["mAP@0.5"] == expected["mAP@0.5"] and printed["mAP@0.95"] == expected["mAP@0.95"]
     assert Path(printed["summary_png"]).is_file() and set(printed["timelines"]) == {"a", "b"}
-    assert main(["--pred", str(tmp_path / "nope.json"), "--out", str(out)]) == 2
+    assert main(["--events", str(tmp_path / "nope.json"), "--out", str(out)]) == 2
     assert "nope.json" in capsys.readouterr().err
 
 

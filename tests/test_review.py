@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from monai_vce.__main__ import main
 from monai_vce.labels import LABELS
 from monai_vce.review import exam_file_name, js_data, write_review_site, write_run_review
 
@@ -25,7 +24,7 @@ def _read_js(path: Path) -> dict:
 def probs_dir(tmp_path_factory, mini_galar):
     """Probability files of the session's mini-Galar (labels with noise), in the datalist's rows."""
     from monai_vce.data import build_galar_datalist
-    from monai_vce.handlers.event_writer import Video, save_video_probs
+    from monai_vce.events import Video, save_video_probs
 
     out = tmp_path_factory.mktemp("review_probs")
     data = build_galar_datalist(mini_galar / "frames", mini_galar / "labels")
@@ -40,15 +39,15 @@ def probs_dir(tmp_path_factory, mini_galar):
     return out
 
 
-def test_command_line_site_maps_index_units_onto_the_frame_files(tmp_path, mini_galar, probs_dir):
+def test_command_line_site_maps_index_units_onto_the_frame_files(tmp_path, mini_galar, probs_dir, capsys):
     gt = mini_galar / "ground_truth.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "monai_vce.review", "--pred", str(gt), "--frames", str(mini_galar / "frames"),
-         "--probs", str(probs_dir), "--gt", str(gt), "--out", str(tmp_path / "site"), "--fps", "4", "--strip-frames", "20"],
-        capture_output=True, text=True, timeout=300,
+    code = main(
+        ["review", "--events", str(gt), "--frames-dir", str(mini_galar / "frames"), "--probs-dir", str(probs_dir),
+         "--gt", str(gt), "--out", str(tmp_path / "site"), "--fps", "4", "--strip-frames", "20"]
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    index = Path(json.loads(proc.stdout.strip().splitlines()[-1])["index"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    index = Path(json.loads(out.out.strip().splitlines()[-1])["index"])
     assert index == (tmp_path / "site" / "index.html").resolve()
     listing = _read_js(tmp_path / "site" / "index.js")
     events = json.loads(gt.read_text())["videos"]
@@ -88,17 +87,15 @@ def test_command_line_site_maps_index_units_onto_the_frame_files(tmp_path, mini_
         assert im.format == "JPEG" and max(im.size) <= 128
 
 
-def test_command_line_errors_are_one_line_and_exit_2(tmp_path, mini_galar):
+def test_command_line_errors_are_one_line_and_exit_2(tmp_path, mini_galar, capsys):
     gt = mini_galar / "ground_truth.json"
-    base = [sys.executable, "-m", "monai_vce.review", "--pred", str(gt), "--frames", str(mini_galar / "frames")]
-    proc = subprocess.run(
-        [*base, "--probs", str(tmp_path), "--out", str(tmp_path / "s")], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 2 and "probability file" in proc.stderr and "not found" in proc.stderr
-    proc = subprocess.run(
-        [*base, "--videos", "nope", "--out", str(tmp_path / "s")], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 2 and "'nope'" in proc.stderr and "Traceback" not in proc.stderr
+    base = ["review", "--events", str(gt), "--frames-dir", str(mini_galar / "frames")]
+    assert main([*base, "--probs-dir", str(tmp_path), "--out", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "probability file" in err[0] and "not found" in err[0]
+    assert main([*base, "--videos", "nope", "--out", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "'nope'" in err[0]
 
 
 def test_data_files_cannot_inject_markup():
@@ -158,3 +155,46 @@ def test_events_beyond_the_frames_are_refused(tmp_path, mini_galar):
         ValueError, match=r"video '1': the predicted events span frame_index 10 to 999 .* --frame-units"
     ):
         write_review_site(pred, mini_galar / "frames", tmp_path / "site", progress=False)
+
+
+def test_an_exam_is_one_video_record_and_its_frames(mini_galar, probs_dir):
+    from monai_vce.events import Video, load_video_probs
+    from monai_vce.review import ExamFrames, frames_by_video, has_probs, load_exam
+
+    frames = frames_by_video(mini_galar / "frames")["2"]
+    gt = json.loads((mini_galar / "ground_truth.json").read_text())["videos"][1]["events"]
+    video, where = load_exam("2", frames, gt_events=gt, probs_file=probs_dir / "2.npz", fps=4)
+    ref = load_video_probs(probs_dir / "2.npz")
+    assert isinstance(video, Video) and isinstance(where, ExamFrames) and has_probs(video)
+    np.testing.assert_array_equal(video.probs, ref.probs)
+    np.testing.assert_array_equal(video.frame_index, ref.frame_index)
+    assert video.events == gt and where.fps == 4.0 and where.video is None
+    assert where.images is not None and len(where.images) == len(video)
+    assert where.images[0].endswith(f"{int(ref.frame_number[0]):06d}.PNG")
+    # without a probability file: the frames on disk are the rows, and the record has no probability columns
+    bare, _ = load_exam("2", frames)
+    assert not has_probs(bare) and bare.probs.shape == (len(frames["images"]), 0) and bare.events is None
+
+
+def test_units_are_resolved_once_from_the_sidecars(tmp_path, probs_dir):
+    from monai_vce.events import save_events
+    from monai_vce.events.metadata import convert_events, events_in_common_units, frame_id_maps
+
+    with np.load(probs_dir / "2.npz") as z:
+        index, number = z["frame_index"], z["frame_number"]
+    ev = {"videos": [{"video_id": "2", "events": [{"start": int(index[3]), "end": int(index[9]), "label": ["colon"]}]}]}
+    as_number = convert_events(ev, "frame_index", "frame_number", frame_id_maps(probs_dir, ev))
+    assert as_number["videos"][0]["events"][0]["start"] == int(number[3]) != int(index[3])
+    gt = save_events(tmp_path / "gt.json", ev, frame_units="frame_index")
+    pred = save_events(tmp_path / "pred.json", as_number, frame_units="frame_number")
+    plain = save_events(tmp_path / "plain.json", ev)
+    # no sidecar: the override, else frame_index; the ground truth's units come first, the prediction's next
+    assert events_in_common_units(plain, ev, None, "frame_number")[1].value == "frame_number"
+    assert events_in_common_units(plain, ev)[1].value == "frame_index"
+    assert events_in_common_units(pred, as_number)[1].value == "frame_number"
+    got, units = events_in_common_units(pred, as_number, gt, probs_dir=probs_dir)
+    assert units.value == "frame_index" and got == ev  # converted into the ground truth's units
+    with pytest.raises(ValueError, match=r"frame units differ: .*frame_number units.*--probs-dir"):
+        events_in_common_units(pred, as_number, gt)
+    with pytest.raises(ValueError, match="not in frame_index units"):
+        events_in_common_units(pred, as_number, None, "frame_index")

@@ -80,7 +80,7 @@ def site(tmp_path_factory, mini_galar):
     """A site of the session's mini-Galar (prediction = ground truth events, reordered) with probabilities,
     plus a video with a hostile id that reuses video 1's frames through the datalist."""
     from monai_vce.data import build_galar_datalist
-    from monai_vce.handlers.event_writer import Video, save_video_probs
+    from monai_vce.events import Video, save_video_probs
     from monai_vce.metrics import load_events
     from monai_vce.review import write_review_site
 
@@ -294,7 +294,7 @@ def test_hostile_video_id_stays_text(browser, site):
 
 def test_a_100000_frame_exam_opens_in_under_3_seconds(browser, tmp_path_factory, mini_galar):
     """100,000 frames (hard links to a few PNGs), probabilities and 300 events: the page is ready in < 3 s."""
-    from monai_vce.handlers.event_writer import Video, save_video_probs
+    from monai_vce.events import Video, save_video_probs
     from monai_vce.review import write_review_site
 
     n = 100_000

@@ -229,13 +229,15 @@ def test_missing_explicit_events_file(tmp_path):
 def test_cli(tmp_path, capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        args = ["--videos", "2", "--frames-per-video", "6", "--size", "8", "--seed", "2"]
+        args = ["--num-videos", "2", "--frames-per-video", "6", "--size", "8", "--seed", "2"]
         rc = main(["--out", str(tmp_path / "cli"), *args])
     assert rc == 0
     text = capsys.readouterr().out
     assert str((tmp_path / "cli" / "ground_truth.json").resolve()) in text
     assert str((tmp_path / "cli" / "frames").resolve()) in text
-    assert main(["--out", str(tmp_path / "cli"), "--videos", "0"]) == 2
+    assert main(["--out", str(tmp_path / "cli"), "--num-videos", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "must be positive" in err[0], err
 
 
 # ------------------------------------------------------------------------------------------- rendering

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from monai_vce.events import Video, with_ground_truth
 from monai_vce.labels import LABELS, NUM_LABELS, SECTIONS
 from monai_vce.postprocessing import DecoderParams
 from monai_vce.temporal import (
@@ -28,7 +29,7 @@ from monai_vce.temporal import (
     select_pipeline,
 )
 
-TINY = {"_target_": "monai_vce.temporal.MultiStageTCN", "stages": 2, "layers": 5, "channels": 8, "dropout": 0.0}
+TINY = {"_target_": "MultiStageTCN", "stages": 2, "layers": 5, "channels": 8, "dropout": 0.0}
 #: a small label-wise network (the default kind), with step-state inputs
 TINY_LW = {"channels": 4, "layers": 3, "label_features": 2, "context_layers": 3, "context_channels": 8,
            "dropout": 0.0, "change_points": (0.5, 1.0), "lookback": 20, "lookahead": 20}  # fmt: skip
@@ -57,6 +58,12 @@ def _section_video(T: int, rng: np.random.Generator, noise: float = 2.0):
         truth[bounds[i] : bounds[i + 1], i] = True
     logit = np.where(truth, 1.0, -1.0) + noise * rng.standard_normal((T, NUM_LABELS))
     return (1.0 / (1.0 + np.exp(-logit))).astype(np.float32), np.arange(T), events, truth
+
+
+def _record(name: str, video: tuple, features: np.ndarray | None = None) -> Video:
+    """A :func:`_section_video` as the record the refiner fits on (targets from its ground-truth events)."""
+    probs, ids, events = video[:3]
+    return with_ground_truth(Video(name, probs, ids, ids, features=features), events, "frame_index")
 
 
 def _frame_ap(y: np.ndarray, p: np.ndarray) -> float:
@@ -158,7 +165,7 @@ def test_training_crops_see_what_inference_sees():
 
     rng = np.random.default_rng(0)
     refiner = _scramble(TemporalRefiner(network=TINY, position=True, chunk_size=None)).eval()
-    videos = prepare_videos({"a": _section_video(400, rng)[:3], "b": _section_video(150, rng)[:3]}, refiner)
+    videos = prepare_videos([_record("a", _section_video(400, rng)), _record("b", _section_video(150, rng))], refiner)
     picks = [(videos[0], 0), (videos[0], 170), (videos[0], 330), (videos[1], 0)]
     length, ctx = 100, refiner.context
     x, y, real, scored = _batch(refiner, picks, length, ctx, torch.device("cpu"))
@@ -170,7 +177,7 @@ def test_training_crops_see_what_inference_sees():
             cols = scored[i, 0].nonzero().flatten()
             assert cols.numel() == stop - start
             torch.testing.assert_close(out[i][:, cols], whole[:, start:stop], atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(y[i][:, cols], torch.from_numpy(v.target[start:stop].T))
+            torch.testing.assert_close(y[i][:, cols], torch.from_numpy(v.targets[start:stop].T))
 
 
 def test_loss_masks_padding_and_smoothness():
@@ -195,7 +202,7 @@ def test_loss_masks_padding_and_smoothness():
 
 def test_save_load_round_trip(tmp_path):
     rng = np.random.default_rng(0)
-    videos = {f"v{i}": _section_video(400, rng)[:3] for i in range(3)}
+    videos = {f"v{i}": _record(f"v{i}", _section_video(400, rng)) for i in range(3)}
     refiner = fit_refiner(videos, network=TINY, steps=3, crop_length=128, batch_size=2, seed=1)
     path = refiner.save(tmp_path / "refiner.pt")
     loaded = TemporalRefiner.load(path)
@@ -218,13 +225,17 @@ def test_load_refuses_bad_files(tmp_path):
         TemporalRefiner.load(tmp_path / "junk.pt")
     good = TemporalRefiner(network=TINY).save(tmp_path / "good.pt")
     payload = torch.load(good, weights_only=True)
-    payload["config"] = payload["config"].replace("monai_vce.temporal.networks.MultiStageTCN", "os.system")
+    payload["config"] = payload["config"].replace('"MultiStageTCN"', '"os.system"')
     buf = io.BytesIO()
     torch.save(payload, buf)
     (tmp_path / "evil.pt").write_bytes(buf.getvalue())
     with pytest.raises(ValueError, match=r"not a refinement network of this project") as e:
         TemporalRefiner.load(tmp_path / "evil.pt")
     assert "evil.pt" in str(e.value)
+    payload = torch.load(good, weights_only=True)
+    for version in (None, 0, 2, True):  # one file version: no other is read
+        with pytest.raises(ValueError, match=rf"^v: has version {version}; this code reads 1$"):
+            TemporalRefiner.from_payload({**payload, "version": version}, "v:")
 
 
 def test_leakage_guard():
@@ -243,14 +254,14 @@ def test_leakage_guard():
     with pytest.raises(LeakageError):
         check_no_leakage(folds, in_sample)
     rng = np.random.default_rng(0)
-    videos = {v: _section_video(300, rng)[:3] for v in folds}
+    videos = {v: _record(v, _section_video(300, rng)) for v in folds}
     with pytest.raises(LeakageError):
         fit_refiner(videos, network=TINY, steps=1, trained_on=list(folds))
 
 
 def test_cross_fit_never_refines_own_training_videos():
     rng = np.random.default_rng(0)
-    videos = {f"v{i}": _section_video(300, rng)[:3] for i in range(6)}
+    videos = {f"v{i}": _record(f"v{i}", _section_video(300, rng)) for i in range(6)}
     result = cross_fit_refiner(videos, folds=3, network=TINY, steps=2, crop_length=128, batch_size=2)
     assert set(result.refined) == set(videos) and len(result.fold_refiners) == 3
     for f, refiner in enumerate(result.fold_refiners):
@@ -258,7 +269,7 @@ def test_cross_fit_never_refines_own_training_videos():
         assert held and not held & set(refiner.trained_videos)
         assert set(refiner.trained_videos) == set(videos) - held
         for v in held:  # each video's refined probabilities come from its fold's refiner
-            np.testing.assert_array_equal(result.refined[v], refiner.refine(videos[v][0]))
+            np.testing.assert_array_equal(result.refined[v], refiner.refine(videos[v].probs))
     # the default refiner for new videos: the fold refiners together, their mean probabilities
     assert isinstance(result.refiner, RefinerEnsemble) and list(result.refiner.members) == result.fold_refiners
     assert set(result.refiner.trained_videos) == set(videos)
@@ -266,7 +277,8 @@ def test_cross_fit_never_refines_own_training_videos():
     mean = np.mean([r.refine(probs) for r in result.fold_refiners], axis=0)
     np.testing.assert_allclose(result.refiner.refine(probs), mean, atol=1e-6)
     tuning = result.tuning_videos(videos)
-    assert tuning["v0"][0] is result.refined["v0"] and tuning["v0"][2] is videos["v0"][2]
+    assert tuning["v0"].probs is result.refined["v0"] and tuning["v0"].events is videos["v0"].events
+    assert tuning["v0"].frame_index is videos["v0"].frame_index and videos["v0"].probs is not result.refined["v0"]
     refit = cross_fit_refiner(videos, folds=3, final="refit", network=TINY, steps=2, crop_length=128, batch_size=2)
     assert isinstance(refit.refiner, TemporalRefiner) and set(refit.refiner.trained_videos) == set(videos)
     for a, b in zip(refit.fold_refiners, result.fold_refiners, strict=True):  # the folds do not depend on `final`
@@ -280,7 +292,7 @@ def test_cross_fit_never_refines_own_training_videos():
 
 def test_refiner_ensemble_files_and_checks(tmp_path):
     rng = np.random.default_rng(0)
-    videos = {f"v{i}": _section_video(300, rng)[:3] for i in range(4)}
+    videos = {f"v{i}": _record(f"v{i}", _section_video(300, rng)) for i in range(4)}
     members = [
         _scramble(fit_refiner(videos, network=TINY_LW, steps=1, crop_length=128, seed=s), seed=s) for s in (0, 1)
     ]
@@ -323,12 +335,12 @@ def test_refiner_ensemble_files_and_checks(tmp_path):
 def test_refiner_learns_section_order():
     """Per-frame section probabilities drowned in noise: a refiner that sees the timeline beats its input."""
     rng = np.random.default_rng(0)
-    train = {f"t{i}": _section_video(1200, rng)[:3] for i in range(12)}
+    train = {f"t{i}": _record(f"t{i}", _section_video(1200, rng)) for i in range(12)}
     test = [_section_video(1200, rng) for _ in range(4)]
     refiner = fit_refiner(
         train,
         network={
-            "_target_": "monai_vce.temporal.MultiStageTCN",
+            "_target_": "MultiStageTCN",
             "stages": 2,
             "layers": 7,
             "channels": 16,
@@ -356,19 +368,23 @@ def test_fit_with_features_and_passthrough(tmp_path):
     rng = np.random.default_rng(0)
     videos = {}
     for i in range(3):
-        probs, ids, events, _ = _section_video(300, rng)
-        videos[f"v{i}"] = (probs, ids, events, rng.standard_normal((300, 6)).astype(np.float16))
+        video = _section_video(300, rng)
+        videos[f"v{i}"] = _record(f"v{i}", video, rng.standard_normal((300, 6)).astype(np.float16))
     refiner = fit_refiner(
         videos, "both", network=TINY, steps=3, crop_length=128, batch_size=2, passthrough=SECTIONS[:2]
     )
     assert refiner.in_channels == NUM_LABELS + 6 and refiner.feature_dim == 6
-    probs, _, _, feats = videos["v0"]
+    probs, feats = videos["v0"].probs, videos["v0"].features
     out = refiner.refine(probs, feats)
     np.testing.assert_array_equal(out[:, :2], probs[:, :2])  # passed through untouched
     loaded = TemporalRefiner.load(refiner.save(tmp_path / "r.pt"))
     np.testing.assert_array_equal(loaded.refine(probs, feats), out)
     with pytest.raises(ValueError, match="features"):
-        fit_refiner({k: v[:3] for k, v in videos.items()}, "features", network=TINY, steps=1)
+        fit_refiner({k: v.replace(features=None) for k, v in videos.items()}, "features", network=TINY, steps=1)
+    with pytest.raises(ValueError, match="video 'v0': no targets"):
+        fit_refiner([videos["v0"].replace(targets=None)], network=TINY, steps=1)
+    with pytest.raises(ValueError, match="expected Video records"):
+        fit_refiner([(probs, np.arange(300), [])], network=TINY, steps=1)
 
 
 def test_select_pipeline_keeps_the_baseline_unless_beaten():
@@ -450,7 +466,7 @@ def test_default_network_follows_the_inputs(tmp_path):
     assert TemporalRefiner(passthrough=()).passthrough == []
     assert TemporalRefiner(inputs="features", feature_dim=4).passthrough == []
     with pytest.raises(ValueError, match="inputs='features'"):
-        TemporalRefiner(inputs="features", feature_dim=4, network={"_target_": "monai_vce.temporal.LabelwiseTCN"})
+        TemporalRefiner(inputs="features", feature_dim=4, network={"_target_": "LabelwiseTCN"})
     # chunked inference equals whole-video inference with the step states' lookback in the overlap
     refiner = _scramble(TemporalRefiner(network=TINY_LW, chunk_size=None, passthrough=()))
     refiner.set_input_statistics(np.full(refiner.in_channels, 0.3), np.full(refiner.in_channels, 1.7))
@@ -471,14 +487,13 @@ def test_default_network_follows_the_inputs(tmp_path):
     loaded = TemporalRefiner.load(refiner.save(tmp_path / "lw.pt"))
     assert isinstance(loaded.network, LabelwiseTCN) and loaded.get_config() == refiner.get_config()
     np.testing.assert_array_equal(loaded.refine(probs), whole)
-    # a file from before the look-ahead states (no "lookahead" in its network) reads as one without them
+    # a file whose network lacks "lookahead" is refused: it would read as today's default, other weights' shapes
     before = _scramble(TemporalRefiner(network={**TINY_LW, "lookahead": 0}, chunk_size=None, passthrough=()))
     payload = before.payload()
     config = json.loads(payload["config"])
     del config["network"]["lookahead"]
-    old = TemporalRefiner.from_payload({**payload, "config": json.dumps(config)}, "old file")
-    assert old.get_config()["network"]["lookahead"] == 0
-    np.testing.assert_array_equal(old.refine(probs), before.refine(probs))
+    with pytest.raises(ValueError, match=r"^partial file: tensor 'network\.labelwise\..*' has shape"):
+        TemporalRefiner.from_payload({**payload, "config": json.dumps(config)}, "partial file")
     assert TemporalRefiner().get_config()["network"]["lookahead"] == 128  # today's default looks ahead
 
 

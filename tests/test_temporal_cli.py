@@ -1,20 +1,17 @@
-"""Command line of the temporal refiner: fit and refine folders of per-video probability files."""
+"""Command lines of the temporal refiner: ``temporal fit`` and ``refine`` on folders of per-video probability files."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
+from monai_vce.__main__ import main
 from monai_vce.events.probabilities import Video, load_video_probs, probability_file, save_video_probs
 from monai_vce.labels import NUM_LABELS, SECTIONS
 from monai_vce.temporal import RefinerEnsemble, TemporalRefiner
-from monai_vce.temporal.__main__ import main
 from monai_vce.temporal.files import read_videos
 
 TINY = json.dumps({"stages": 2, "layers": 4, "channels": 8})
@@ -56,7 +53,7 @@ def run(capsys):
     """The command line in this process (a fresh interpreter per call would cost seconds of imports)."""
 
     def _run(*args: str) -> _Result:
-        code = main(list(args))
+        code = main(["temporal", *args] if args[0] == "fit" else list(args))
         out = capsys.readouterr()
         return _Result(code, out.out, out.err)
 
@@ -71,18 +68,18 @@ def test_fit_and_refine_round_trip(tmp_path, run):
     (tmp_path / "val_gt.json").write_text(json.dumps(_write_videos(val, 2, seed=1)))
     model = tmp_path / "refiner.pt"
     fit = run(
-        "fit", "--probs", str(train), "--gt", str(tmp_path / "gt.json"), "--out", str(model),
-        "--val-probs", str(val), "--val-gt", str(tmp_path / "val_gt.json"),
+        "fit", "--probs-dir", str(train), "--gt", str(tmp_path / "gt.json"), "--out", str(model),
+        "--val-probs-dir", str(val), "--val-gt", str(tmp_path / "val_gt.json"),
         "--network", TINY, "--steps", "4", "--crop-length", "64", "--batch-size", "2", "--frame-units", "frame_index",
     )  # fmt: skip
     assert fit.returncode == 0, fit.stderr
     summary = json.loads(fit.stdout)
-    assert summary["videos"] == 3 and summary["val_loss"] is not None
+    assert summary["out"] == str(model) and summary["videos"] == 3 and summary["val_loss"] is not None
     refiner = TemporalRefiner.load(model)
     assert sorted(refiner.trained_videos) == ["vid0_0", "vid0_1", "vid0_2"]
     assert refiner.fit_info["val_videos"] == ["vid1_0", "vid1_1"]
 
-    ref = run("refine", "--probs", str(val), "--model", str(model), "--out", str(out))
+    ref = run("refine", "--probs-dir", str(val), "--refiner", str(model), "--out", str(out))
     assert ref.returncode == 0, ref.stderr
     assert json.loads(ref.stdout)["written"] == 2 and "warning" not in ref.stderr
     for vid in ("vid1_0", "vid1_1"):
@@ -92,26 +89,17 @@ def test_fit_and_refine_round_trip(tmp_path, run):
         np.testing.assert_allclose(dst.probs, refiner.refine(src.probs), atol=1e-6)
         assert not np.allclose(dst.probs, src.probs)
     # a second run keeps the complete files; refining the training videos warns
-    again = run("refine", "--probs", str(val), "--model", str(model), "--out", str(out))
+    again = run("refine", "--probs-dir", str(val), "--refiner", str(model), "--out", str(out))
     assert json.loads(again.stdout)["kept"] == 2
-    own = run("refine", "--probs", str(train), "--model", str(model), "--out", str(tmp_path / "own"))
-    assert own.returncode == 0 and "warning" in own.stderr and "vid0_0" in own.stderr
-    # the module runs as ``python -m monai_vce.temporal`` (one real process)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "monai_vce.temporal", "refine", "--probs", str(val), "--model", str(model),
-         "--out", str(out)],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["kept"] == 2
+    own = run("refine", "--probs-dir", str(train), "--refiner", str(model), "--out", str(tmp_path / "own"))
+    assert own.returncode == 0 and "warning: " in own.stderr and "vid0_0" in own.stderr
     # an ensemble file (what the bundle's temporal stage writes) refines as the mean of its members
     second = TemporalRefiner.load(model)
     with torch.no_grad():
         for param in second.parameters():
             param.add_(0.05)
     ensemble = RefinerEnsemble([refiner, second]).save(tmp_path / "ensemble.pt")
-    ens = run("refine", "--probs", str(val), "--model", str(ensemble), "--out", str(tmp_path / "by_ensemble"))
+    ens = run("refine", "--probs-dir", str(val), "--refiner", str(ensemble), "--out", str(tmp_path / "by_ensemble"))
     assert ens.returncode == 0, ens.stderr
     for vid in ("vid1_0", "vid1_1"):
         probs = load_video_probs(val / f"{vid}.npz").probs
@@ -125,7 +113,7 @@ def test_cli_errors_name_the_file_or_video(tmp_path, run):
     gt = _write_videos(train, 2, seed=0)
     gt["videos"] = gt["videos"][:1]
     (tmp_path / "gt.json").write_text(json.dumps(gt))
-    res = run("fit", "--probs", str(train), "--gt", str(tmp_path / "gt.json"), "--out", str(tmp_path / "r.pt"))
+    res = run("fit", "--probs-dir", str(train), "--gt", str(tmp_path / "gt.json"), "--out", str(tmp_path / "r.pt"))
     assert res.returncode == 2 and "vid0_1" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "r.pt").exists()
     # the leakage guard: the frame model was trained on these very videos
@@ -133,31 +121,30 @@ def test_cli_errors_name_the_file_or_video(tmp_path, run):
     (tmp_path / "gt.json").write_text(json.dumps(gt))
     (tmp_path / "trained.json").write_text(json.dumps(["vid0_1", "other"]))
     res = run(
-        "fit", "--probs", str(train), "--gt", str(tmp_path / "gt.json"), "--out", str(tmp_path / "r.pt"),
+        "fit", "--probs-dir", str(train), "--gt", str(tmp_path / "gt.json"), "--out", str(tmp_path / "r.pt"),
         "--frame-model-videos", str(tmp_path / "trained.json"),
     )  # fmt: skip
     assert res.returncode == 2 and "vid0_1" in res.stderr and "trained on the same video" in res.stderr
-    # the former --units flag still works for one release, and its old value "index"; a wrong value is one line
-    with pytest.warns(DeprecationWarning):
-        res = run("fit", "--probs", str(train), "--gt", str(tmp_path / "gt.json"), "--out", str(tmp_path / "r.pt"),
-                  "--units", "bogus")  # fmt: skip
-    assert res.returncode == 2 and "frame_units" in res.stderr and len(res.stderr.strip().splitlines()) == 2
-    res = run("refine", "--probs", str(train), "--model", str(tmp_path / "missing.pt"), "--out", str(tmp_path / "o"))
-    assert res.returncode == 2 and "missing.pt" in res.stderr
+    # a wrong --frame-units value and the removed --units flag are one usage line each
+    base = ["fit", "--probs-dir", str(train), "--gt", str(tmp_path / "gt.json"), "--out", str(tmp_path / "r.pt")]
+    for extra in (["--frame-units", "bogus"], ["--units", "frame_index"]):
+        res = run(*base, *extra)
+        assert res.returncode == 2 and extra[0] in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    res = run(
+        "refine", "--probs-dir", str(train), "--refiner", str(tmp_path / "missing.pt"), "--out", str(tmp_path / "o")
+    )
+    assert res.returncode == 2 and "missing.pt" in res.stderr and res.stderr.startswith("error: ")
 
 
 def test_read_videos_with_features(tmp_path):
     gt = _write_videos(tmp_path, 2, seed=3, features=True)
     videos = read_videos(tmp_path, gt, frame_units="frame_index", features=True)
-    probs, ids, events, feats = videos["vid3_0"]
-    assert probs.shape == (200, NUM_LABELS) and feats.shape == (200, 6) and ids[0] == 10
-    assert events == gt["videos"][0]["events"]
+    v = videos["vid3_0"]
+    assert v.probs.shape == (200, NUM_LABELS) and v.features.shape == (200, 6) and v.frame_index[0] == 10
+    assert v.events == gt["videos"][0]["events"]
+    assert v.targets.shape == (200, NUM_LABELS) and v.targets.any()
     by_number = read_videos(tmp_path, None, frame_units="frame_number")
-    assert by_number["vid3_0"][1][0] == 1010 and by_number["vid3_0"][2] == []
-    # the former argument name and its former value still work for one release, with a warning
-    with pytest.warns(DeprecationWarning):
-        by_index = read_videos(tmp_path, None, units="index")
-    assert by_index["vid3_0"][1][0] == 10
+    assert by_number["vid3_0"].frame_number[0] == 1010 and by_number["vid3_0"].events == []
     with pytest.raises(ValueError, match="frame_units"):
         read_videos(tmp_path, None, frame_units="frames")
     with pytest.raises(ValueError, match="features"):

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -14,7 +17,7 @@ open_clip = pytest.importorskip("open_clip")
 from monai_vce.labels import LABELS, all_prompts  # noqa: E402
 from monai_vce.networks import TINY_MODEL_NAME, create_tiny_open_clip, save_tiny_checkpoint, save_tiny_local_dir  # noqa: E402
 from monai_vce.networks.backbone import BIOMEDCLIP_CONFIG  # noqa: E402
-from monai_vce.text_embeddings import _require_text_tower, load_text_embeddings, main  # noqa: E402
+from monai_vce.networks.text_embeddings import _require_text_tower, load_text_embeddings, main  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -59,15 +62,18 @@ def test_cli_local_dir_and_checkpoint_file(tiny, capsys):
 
 
 def test_cli_errors_are_messages(tiny, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(["--model", str(tiny / "absent.bin"), "--out", str(tiny / "x.pt")])
-    assert exc.value.code == 2
-    assert "absent.bin" in capsys.readouterr().err
+    assert main(["--model", str(tiny / "absent.bin"), "--out", str(tiny / "x.pt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "absent.bin" in err[0], err
     assert not (tiny / "x.pt").exists()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is not None, reason="transformers is installed")
-def test_hf_text_tower_without_transformers_is_a_clear_error():
+def test_hf_text_tower_without_transformers_is_a_clear_error(monkeypatch):
+    real = importlib.util.find_spec
+    # transformers absent, whether or not this environment has it
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a)
+    )
     with pytest.raises(RuntimeError, match="pip install transformers"):
         _require_text_tower(BIOMEDCLIP_CONFIG["model_cfg"], "hf-hub:microsoft/BiomedCLIP")
 
@@ -95,3 +101,114 @@ def test_load_validation(tmp_path):
         load_text_embeddings(pickled)
     with pytest.raises(FileNotFoundError, match=r"absent.pt"):
         load_text_embeddings(tmp_path / "absent.pt")
+
+
+def _hub_layout_text_tower(root):
+    """A tiny BERT in the hub layout of BiomedBERT (config.json, vocab.txt, tokenizer_config.json) and a tiny CLIP
+    folder in BiomedCLIP's (open_clip_config.json whose text tower is that hub repo, open_clip_pytorch_model.bin)."""
+    import re
+
+    from transformers import BertConfig
+
+    from monai_vce.networks.backbone import TINY_CONFIG
+    from monai_vce.networks.text_embeddings import BIOMEDBERT_HUB_ID
+
+    bert = root / "BiomedNLP-BiomedBERT-base-uncased-abstract"
+    bert.mkdir(parents=True)
+    words = sorted(
+        {w for v in all_prompts().values() for p in v for w in re.findall(r"[a-z0-9]+|[^a-z0-9\s]", p.lower())}
+    )
+    (bert / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    (bert / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "model_max_length": 512}))
+    BertConfig(
+        vocab_size=5 + len(words),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=48,
+        max_position_embeddings=64,
+        initializer_range=0.5,  # large random weights: each prompt's tokens move its embedding
+    ).save_pretrained(bert)
+    text_cfg = {
+        "hf_model_name": BIOMEDBERT_HUB_ID,
+        "hf_tokenizer_name": BIOMEDBERT_HUB_ID,
+        "hf_proj_type": "mlp",
+        "hf_pooler_type": "cls_last_hidden_state_pooler",
+        "context_length": 32,
+    }
+    model_cfg = {"embed_dim": 32, "vision_cfg": TINY_CONFIG["model_cfg"]["vision_cfg"], "text_cfg": text_cfg}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)
+        model = open_clip.CustomTextCLIP(
+            **{**model_cfg, "text_cfg": {**text_cfg, "hf_model_name": str(bert), "hf_model_pretrained": False}}
+        ).eval()
+    clip = root / "BiomedCLIP"
+    save_tiny_checkpoint(clip / "open_clip_pytorch_model.bin", model=model)
+    (clip / "open_clip_config.json").write_text(
+        json.dumps({"model_cfg": model_cfg, "preprocess_cfg": TINY_CONFIG["preprocess_cfg"]})
+    )
+    return clip, bert, model
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs the text extra (transformers)")
+def test_offline_from_a_local_clip_folder_and_a_local_bert_folder(tmp_path, monkeypatch, capsys):
+    import huggingface_hub.constants as hub
+    from open_clip.tokenizer import HFTokenizer
+
+    from monai_vce.networks import DiffAttnCLIPClassifier
+    from monai_vce.utils import check_torch_seal
+
+    # offline, with an empty cache: in this process (hub constants are read at import) and in the command's
+    empty = tmp_path / "empty_hf_home"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(empty), "HF_HUB_CACHE": str(empty / "hub")}
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(empty / "hub"))
+    clip, bert, model = _hub_layout_text_tower(tmp_path)
+    out = tmp_path / "models" / "text_embeddings.pt"
+    argv = ["--model", f"local-dir:{clip}", "--out", str(out)]
+
+    # without the BiomedBERT folder: one line naming the hub repo and what to pass
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "microsoft/BiomedNLP-BiomedBERT-base-uncased-abstract" in err[0], err
+    assert "--text-config" in err[0] and not out.exists()
+    # a BiomedBERT folder that is not there: one line naming it
+    assert main([*argv, "--text-config", str(tmp_path / "no_bert")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: text config folder not found") and "no_bert" in err[0], err
+    # a folder without the config or without a tokenizer: one line naming what is missing
+    (tmp_path / "empty").mkdir()
+    assert main([*argv, "--text-config", str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config.json" in err[0] and "empty" in err[0], err
+
+    # the command line itself, offline
+    command = [sys.executable, "-m", "monai_vce", "text-embeddings", *argv, "--text-config", str(bert)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["embed_dim"] == 32 and summary["labels"] == 17
+    assert check_torch_seal(out, "text embeddings") is True  # sealed
+    tokenizer = HFTokenizer(str(bert), context_length=32)
+    with torch.no_grad():
+        rows = [F.normalize(model.encode_text(tokenizer(all_prompts()[lb])), dim=-1).mean(0) for lb in LABELS]
+    expected = F.normalize(torch.stack(rows), dim=-1)
+    torch.testing.assert_close(load_text_embeddings(out, embed_dim=32), expected, atol=1e-6, rtol=0)
+    assert (expected[0] - expected[1]).abs().max() > 1e-3  # the labels' prompts give different rows
+
+    # a Hugging Face cache holding the repository works the same (hub/models--org--name/snapshots/<rev>/)
+    repo = tmp_path / "hf_cache" / "hub" / "models--microsoft--BiomedNLP-BiomedBERT-base-uncased-abstract"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc123")
+    (repo / "snapshots").mkdir()
+    bert.rename(repo / "snapshots" / "abc123")
+    cached = tmp_path / "models" / "cached.pt"
+    assert (
+        main(["--model", f"local-dir:{clip}", "--out", str(cached), "--text-config", str(tmp_path / "hf_cache")]) == 0
+    )
+    torch.testing.assert_close(load_text_embeddings(cached, embed_dim=32), expected, atol=1e-6, rtol=0)
+
+    # the classifier reads the file into its contrastive path
+    net = DiffAttnCLIPClassifier(backbone=TINY_MODEL_NAME, pretrained=False, image_size=64, text_embeddings=str(out))
+    assert net.contrastive_head is not None
+    torch.testing.assert_close(net.contrastive_head.text_embeddings, expected, atol=1e-6, rtol=0)

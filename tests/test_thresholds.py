@@ -173,11 +173,3 @@ def test_handler_logits_best_only_and_range_check(tmp_path):
     ThresholdOptimizationHandler(output_path=out).attach(engine2)
     with pytest.raises(ValueError, match="sigmoid=True"):
         engine2.run(batches, max_epochs=1)
-
-    # the former argument still works for one release, with a DeprecationWarning
-    engine3 = Engine(lambda e, b: b)
-    with pytest.warns(DeprecationWarning, match="sigmoid=True"):
-        handler = ThresholdOptimizationHandler(activation="sigmoid")
-    handler.attach(engine3)
-    engine3.run(batches, max_epochs=1)
-    np.testing.assert_array_equal(engine3.state.thresholds, optimize_thresholds(p, y))

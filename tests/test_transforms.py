@@ -2,13 +2,42 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+from bundle_helpers import CONFIGS, TRAIN
 from monai.data import DataLoader, Dataset
 from PIL import Image
 
-from monai_vce.data import RandHueSaturationd, vce_train_transforms, vce_val_transforms
+from monai_vce.data import RandHueSaturationd, vce_val_transforms
+
+PAPER = str(CONFIGS / "paper.json")
+#: ``train#finalise`` casting to float32 in [0, 1] instead of uint8
+FLOAT32 = {
+    "train#finalise#0": {
+        "_target_": "ScaleIntensityRanged",
+        "keys": "image",
+        "a_min": 0.0,
+        "a_max": 1.0,
+        "b_min": 0.0,
+        "b_max": 1.0,
+        "clip": True,
+    }
+}
+
+
+def train_transforms(image_size, *presets, override=None):
+    """``train#preprocessing`` of train.json (merged with ``presets``) at ``image_size``, as the bundle builds it."""
+    from monai.bundle import ConfigParser
+
+    parser = ConfigParser()
+    parser.read_config([TRAIN, *presets])
+    for key, value in {"image_size": image_size, **(override or {})}.items():
+        parser[key] = value
+    return parser.get_parsed_content("train#preprocessing")
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +87,7 @@ def test_unlabelled_items_pass(frames):
 
 @pytest.mark.parametrize("output_dtype", ["uint8", "float32"])
 def test_train_shapes_dtype_range(frames, output_dtype):
-    t = vce_train_transforms(image_size=32, output_dtype=output_dtype)
+    t = train_transforms(32, override=FLOAT32 if output_dtype == "float32" else None)
     t.set_random_state(1)
     outs = [t(f)["image"] for f in frames]
     for img in outs:
@@ -72,9 +101,9 @@ def test_train_shapes_dtype_range(frames, output_dtype):
 
 
 def test_train_determinism_with_set_random_state(frames):
-    a = vce_train_transforms(image_size=32).set_random_state(seed=42)
-    b = vce_train_transforms(image_size=32).set_random_state(seed=42)
-    c = vce_train_transforms(image_size=32).set_random_state(seed=43)
+    a = train_transforms(32).set_random_state(seed=42)
+    b = train_transforms(32).set_random_state(seed=42)
+    c = train_transforms(32).set_random_state(seed=43)
     xa = [a(f)["image"] for f in frames]
     xb = [b(f)["image"] for f in frames]
     xc = [c(f)["image"] for f in frames]
@@ -83,7 +112,7 @@ def test_train_determinism_with_set_random_state(frames):
 
 
 def test_metadata_survives_collation(frames):
-    ds = Dataset(frames, transform=vce_train_transforms(image_size=32))
+    ds = Dataset(frames, transform=train_transforms(32))
     batch = next(iter(DataLoader(ds, batch_size=4, shuffle=False, num_workers=0)))
     assert batch["image"].shape == (4, 3, 32, 32) and batch["image"].dtype == torch.uint8
     assert batch["label"].shape == (4, 17) and batch["label"].dtype == torch.float32
@@ -134,9 +163,11 @@ def test_one_resize_for_training_validation_and_inference(tmp_path):
     from monai_vce.data.frames import load_vce_frame, resize_frame
 
     item = {"image": _textured_frame(tmp_path / "frame_000001.PNG"), "label": [0.0] * 17}
-    no_aug = dict(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_prob=0, rot90_prob=0, rotate_prob=0, color_prob=0)
-    no_aug.update(blur_prob=0, noise_prob=0, erase_prob=0)
-    train = vce_train_transforms(image_size=224, **no_aug).set_random_state(0)(item)["image"]
+    # train.json's pipeline with the augmentation reduced to a crop of the whole frame and the scaling to [0, 1]
+    whole = {"_target_": "monai_vce.data.RandResizedCropd", "keys": "image", "image_size": "@image_size"}
+    whole.update(scale=[1.0, 1.0], ratio=[1.0, 1.0])
+    no_aug = {"augmentation": [whole, json.loads(Path(TRAIN).read_text())["augmentation"][1]]}
+    train = train_transforms(224, override=no_aug).set_random_state(0)(item)["image"]
     val = vce_val_transforms(image_size=224)(item)["image"]
     # inference.json's preprocessing, built as the bundle builds it
     parser = ConfigParser({"preprocessing": {"_target_": "monai_vce.data.vce_val_transforms", "image_size": 224}})
@@ -185,15 +216,13 @@ def test_random_erasing():
 
 
 def test_paper_augmentation():
-    """The paper's augmentation (the paper preset's values): crop 0.7-1.0, flips, +-15 degrees, colour jitter,
-    random erasing; the defaults are the project preset's."""
+    """The paper's augmentation (paper.json): crop 0.7-1.0, flips, +-15 degrees, colour jitter, random erasing;
+    train.json's is the project's."""
     from monai.transforms import RandAdjustContrastd, RandFlipd, RandGaussianNoised, RandRotate90d, RandRotated
 
     from monai_vce.data.transforms import RandErasingd, RandResizedCropd
 
-    paper = dict(crop_scale=(0.7, 1.0), crop_ratio=(3 / 4, 4 / 3), rot90_prob=0.0, rotate_prob=1.0, rotate_degrees=15.0)
-    paper.update(gamma=None, shift=0.0, blur_prob=0.0, noise_prob=0.0, erase_prob=0.5)
-    t = vce_train_transforms(image_size=32, **paper).transforms
+    t = train_transforms(32, PAPER).transforms
     kinds = [type(x) for x in t]
     crop = next(x for x in t if isinstance(x, RandResizedCropd))
     assert crop.scale == (0.7, 1.0) and crop.ratio == pytest.approx((0.75, 4 / 3))
@@ -202,6 +231,17 @@ def test_paper_augmentation():
     assert rotate.rand_rotate.range_x == pytest.approx((-np.pi / 12, np.pi / 12)) and rotate.prob == 1.0
     for absent in (RandRotate90d, RandAdjustContrastd, RandGaussianNoised):
         assert absent not in kinds
-    # the defaults: the project preset's augmentation
-    project = [type(x) for x in vce_train_transforms(32).transforms]
+    # train.json alone: the project's augmentation
+    project = [type(x) for x in train_transforms(32).transforms]
     assert {RandRotate90d, RandAdjustContrastd, RandGaussianNoised} <= set(project) and RandErasingd not in project
+
+
+def test_train_pipeline_in_order():
+    """train.json's pipeline: decode at full size, the augmentation (``augmentation``), the cast to uint8."""
+    names = [type(t).__name__ for t in train_transforms(32).transforms]
+    augmentation = ["RandResizedCropd", "ScaleIntensityRanged", "RandFlipd", "RandFlipd", "RandRotate90d"]
+    augmentation += ["RandRotated", "RandScaleIntensityd", "RandScaleIntensityFixedMeand", "RandAdjustContrastd"]
+    augmentation += ["RandShiftIntensityd", "RandHueSaturationd", "RandGaussianSmoothd", "RandGaussianNoised"]
+    assert names == ["LoadVCEFramed", *augmentation, "ScaleIntensityRanged", "EnsureTyped", "EnsureTyped"]
+    paper = [type(t).__name__ for t in train_transforms(32, PAPER).transforms]
+    assert paper[0] == "LoadVCEFramed" and paper[-3:] == names[-3:] and "RandErasingd" in paper

@@ -9,6 +9,7 @@ import pytest
 from conftest import GALAR_EVENTS as GALAR
 from conftest import GALAR_MISSING
 
+from monai_vce.events import Video
 from monai_vce.labels import LABELS, NUM_LABELS
 from monai_vce.metrics import temporal_map
 from monai_vce.postprocessing import (
@@ -70,7 +71,8 @@ def test_tuned_decoder_beats_paper_chain_and_empty_on_held_out_videos(tmp_path, 
     videos = _resampled_videos(36, 2500)
     sim = {}
     for j, (vid, truth, events) in enumerate(videos):
-        sim[vid] = (simulate_probabilities(truth, level, seed=j), np.arange(truth.shape[0]), events)
+        rows = np.arange(truth.shape[0])
+        sim[vid] = Video(vid, simulate_probabilities(truth, level, seed=j), rows, rows, events=events)
     ids = list(sim)
     tune_ids, test_ids = ids[:20], ids[20:]
     grids = {"threshold": (0.3, 0.5, 0.7), "median_window": (1, 9, 25), "max_gap": (0, 5, 20), "min_length": (0, 5, 20)}
@@ -91,8 +93,8 @@ def test_tuned_decoder_beats_paper_chain_and_empty_on_held_out_videos(tmp_path, 
     path = params.save(tmp_path / "decoder.json")
     assert DecoderParams.load(path) == params
 
-    gt = {"videos": [{"video_id": k, "events": sim[k][2]} for k in test_ids]}
-    held_out = {k: sim[k][:2] for k in test_ids}
+    gt = {"videos": [{"video_id": k, "events": sim[k].events} for k in test_ids]}
+    held_out = [sim[k] for k in test_ids]
     paper = temporal_map(gt, decode_videos(held_out, EventDecoder(DecoderParams.paper())))
     empty = temporal_map(gt, {"videos": [{"video_id": k, "events": []} for k in test_ids]})
     tuned = temporal_map(gt, decode_videos(held_out, EventDecoder(path)))
@@ -127,6 +129,11 @@ def test_tune_decoder_errors():
     p = np.full((10, NUM_LABELS), 0.5)
     p[4, 2] = np.inf
     with pytest.raises(ValueError, match=r"video '0'.*frame 4"):
-        tune_decoder([(p, np.arange(10), [])])
+        tune_decoder([Video("0", p, np.arange(10), np.arange(10), events=[])])
     with pytest.raises(ValueError, match="grids: unknown parameter"):
-        tune_decoder([(np.full((10, NUM_LABELS), 0.5), np.arange(10), [])], grids={"window": (1,)})
+        tune_decoder(
+            [Video("0", np.full((10, NUM_LABELS), 0.5), np.arange(10), np.arange(10), events=[])],
+            grids={"window": (1,)},
+        )
+    with pytest.raises(ValueError, match="video '0': no ground-truth events"):
+        tune_decoder([Video("0", np.full((10, NUM_LABELS), 0.5), np.arange(10), np.arange(10))])

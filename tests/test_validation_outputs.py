@@ -83,10 +83,11 @@ def test_one_collector_feeds_the_metric_the_thresholds_and_the_tuner(tmp_path):
     fold = video_folds(4, 2, seed=0)
     train = [[v for v, f in zip(sorted(videos), fold, strict=True) if f != k] for k in (0, 1)]
     assert calls == [*train, ["v0", "v1", "v2", "v3"]] and tuner.fits == 3
-    inputs = collector.decoding_inputs()
+    inputs = collector.labelled_videos()
+    assert collector.labelled_videos() is inputs  # the same records for every consumer of the epoch
     # every consumer read the collector's arrays: the metric's score is the held-out decoding of them ...
     held_out = tuner.held_out_events(inputs)
-    gt = {"videos": [{"video_id": v, "events": inputs[v][2]} for v in inputs]}
+    gt = {"videos": [{"video_id": v, "events": inputs[v].events} for v in inputs]}
     expected = temporal_map(gt, {"videos": [{"video_id": v, "events": held_out[v]} for v in inputs]})
     assert evaluator.state.metrics["tmap"] == pytest.approx(expected["mAP@0.5"])
     assert tuner.fits == 3  # asking again did not fit again

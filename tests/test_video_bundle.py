@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bundle_helpers import inference_args, run_bundle, trained_bundle
+from bundle_helpers import inference_args, run_in_process, trained_bundle
 
 pytest.importorskip("av", reason="video support needs PyAV: pip install 'monai-vce[video]'")
 
@@ -27,7 +27,7 @@ def test_inference_on_video_files_gives_events_and_a_review_site(tmp_path_factor
         warnings.simplefilter("ignore")
         generate_mini_galar(videos, videos=3, frames_per_video=40, size=32, seed=5, video_format="mp4")
     out = tmp_path_factory.mktemp("mp4_inference")
-    proc = run_bundle(_args(run, videos, out, "--review", "True"))
+    proc = run_in_process(_args(run, videos, out, "--review", "True"))
     events = load_events(out / "events.json")
     ids = [v["video_id"] for v in events["videos"]]
     assert ids == ["1", "2", "ukdd_navi_00003"]
@@ -44,7 +44,7 @@ def test_inference_on_video_files_gives_events_and_a_review_site(tmp_path_factor
 
     # a rerun resumes: every video is done, nothing is decoded or inferred again, the same events come out
     first = (out / "video_frames" / "64px" / "1.npy").stat().st_mtime_ns
-    proc = run_bundle(_args(run, videos, out))
+    proc = run_in_process(_args(run, videos, out))
     assert "skipping 3 video(s) already inferred" in proc.stdout + proc.stderr
     assert load_events(out / "events.json") == events
     assert (out / "video_frames" / "64px" / "1.npy").stat().st_mtime_ns == first

@@ -34,9 +34,10 @@ from monai.deploy.core import AppContext, Application, Fragment, IOType, Operato
 from monai.deploy.operators.monai_bundle_inference_operator import IOMapping, MonaiBundleInferenceOperator
 
 from monai_vce.data import build_inference_datalist, load_vce_frame
-from monai_vce.events import FrameUnits, save_events
+from monai_vce.events import FrameUnits
 from monai_vce.labels import NUM_LABELS
 from monai_vce.postprocessing import load_decoder
+from monai_vce.stages import write_events
 
 __all__ = ["FrameFolderLoaderOperator", "EventWriterOperator", "VCEEventsApp", "main"]
 
@@ -117,12 +118,7 @@ class EventWriterOperator(Operator):
         events = self.decoder(np.stack(self.probs).astype(np.float32), frame_ids, video_id=vid)
         # the units sidecar (events.meta.json) as the bundle writes it: readers of the file need its frame units
         videos = {vid: {"frames": len(frame_ids), "first": int(frame_ids.min()), "last": int(frame_ids.max())}}
-        path = save_events(
-            self.output_dir / "events.json",
-            {"videos": [{"video_id": vid, "events": list(events)}]},
-            frame_units=units,
-            videos=videos,
-        )
+        path = write_events({vid: list(events)}, self.output_dir / "events.json", frame_units=units, videos=videos)
         logger.info(f"wrote {len(events)} events of video {vid}: {path}")
         return path
 

@@ -1,8 +1,5 @@
-"""Datalists of a dataset folder, as the bundle's ``--dataset_dir`` names it.
-
-A training folder holds ``frames/``, ``labels/`` and, optionally, ``metadata.csv`` (the Galar layout, see
-:mod:`monai_vce.data.galar`); an inference folder holds video folders (with or without ``frames/``), or the
-dataset is a datalist JSON file.
+"""Datalists of a dataset folder (the bundle's ``--dataset_dir``): a Galar training folder, a folder of videos, or a
+datalist JSON file.
 """
 
 from __future__ import annotations

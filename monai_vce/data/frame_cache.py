@@ -1,34 +1,7 @@
 """An on-disk cache of decoded, resized ``uint8`` frames, one memory-mapped ``.npy`` per video.
 
-Decoding a PNG costs about 1.4 ms (336 px) to 3.5 ms (512 px) of CPU per frame; training reads every frame of the training
-videos each epoch, so for repeated epochs the decoded frames are cached once and then read by ``memmap``
-(a copy of ``3 * S * S`` bytes per frame, no decoding).
-
-Layout, for ``image_size=S``::
-
-    <cache_dir>/<S>px/<video_id>.npy    uint8 (T, 3, S, S), rows in the datalist's frame order
-    <cache_dir>/<S>px/<video_id>.json   manifest: format version, video id, image size, number of frames,
-                                        SHA-256 digest of the frame paths (and file sizes) in order
-
-A video's entry is *complete* only when its manifest exists and matches the requested frame list and size,
-and the array has the expected shape. Building writes ``.<video_id>.npy.partial``, renames it to
-``<video_id>.npy`` when every frame is in, and writes the manifest last (atomically), so a run killed at any
-moment leaves finished videos reusable and the unfinished one to be rebuilt; a partial file is never read as
-complete. Changing the frame list (frames added, removed, reordered, re-exported with another size on
-disk) or ``image_size`` invalidates the entry and it is rebuilt.
-
-Disk use is ``T * 3 * S * S`` bytes per video: 150 KiB per frame at 224 px, 19.6 GB for a 130,000-frame
-video. Use the cache for the training videos, not for one-pass inference.
-
-Exams stored as video files (datalist items whose ``image`` is the video file, see :mod:`monai_vce.data.video`)
-have entries of the same layout, built by decoding the video once, sequentially; their manifest records the
-video file's path, size and modification time instead of a digest of frame paths, and the cache row of a frame
-is its decoded position (``frame_number``).
-
-Why not MONAI's ``PersistentDataset``: it stores one pickled file per *item* (3.5 M files for Galar), reads
-each with ``torch.load``, and keys entries by a hash of the item dict; a per-video memory map is one file per
-video, read with zero deserialisation and no pickle (cache files carry no code), and its validity is checked
-per video against the frame list.
+``<cache_dir>/<S>px/<video_id>.npy`` (T, 3, S, S) with a ``.json`` manifest written last; an entry is reused only
+when it matches the frame list and size.
 """
 
 from __future__ import annotations
@@ -99,7 +72,7 @@ class _FrameListDataset(torch.utils.data.Dataset):
 
 
 class FrameCache:
-    """Per-video memory-mapped cache of decoded, resized ``uint8`` frames (see the module docstring).
+    """Per-video memory-mapped cache of decoded, resized ``uint8`` frames (see ``docs/design/data.md``).
 
     Args:
         cache_dir: cache root folder; entries go to ``<cache_dir>/<S>px/``.

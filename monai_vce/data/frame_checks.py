@@ -1,21 +1,5 @@
-"""Checks of frame image files before and while they are decoded: structure, checksums, pixel count.
-
-A frame file comes from disk, where a flipped bit, a cut-off copy or a hostile file are possible. Two decoders
-crash the whole process on such data (torchvision's ``decode_png`` segfaults on a PNG whose image data or checksum
-is damaged), and a small file can declare an enormous image (a PNG of 2.6 MB declaring 30000 x 30000 pixels would
-take 3.4 GB and most of a minute to decode). So every frame goes through the checks of this module first:
-
-- :func:`read_frame_bytes`: the file's bytes, from a regular file only (a device such as ``/dev/zero`` or a named
-  pipe in a datalist would never end or hang the loader) and at most :data:`MAX_FRAME_BYTES`;
-- :func:`check_png`: the PNG structure from the first to the last chunk (``IEND``), every chunk's CRC-32 (a
-  damaged or truncated file is named, before any decoder sees it) and the pixel count declared by the header;
-- :func:`image_size`: the width and height a PNG or JPEG header declares, read without decoding;
-- :func:`check_pixels`: the pixel count against :data:`MAX_FRAME_PIXELS` (or the caller's ``max_pixels``);
-- :func:`decode_rgb`: the decoding itself, by Pillow, which reports damaged data as errors (never a crash), after
-  the checks above.
-
-This module needs numpy and Pillow only, so the dataset reader (:mod:`monai_vce.data.galar`) uses the same checks
-as the frame loader (:mod:`monai_vce.data.frames`) without importing torch.
+"""Checks of frame image files before they are decoded: regular file, size, PNG structure and CRC-32, declared
+pixel count; then Pillow decoding. Needs numpy and Pillow only.
 """
 
 from __future__ import annotations

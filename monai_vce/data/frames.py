@@ -1,53 +1,7 @@
-"""Fast, checked decoding of capsule endoscopy frames (PNG) to small ``uint8`` tensors.
+"""Checked decoding of capsule endoscopy frames (PNG, JPEG) to ``uint8`` (3, S, S) tensors, in the loader workers.
 
-A capsule exam is 50,000-130,000 frames; the loader must keep an accelerator fed, so each frame is decoded
-and resized *in the DataLoader worker*, in ``uint8``, and crosses the bus as ``uint8`` (4x fewer bytes than
-``float32``). The conversion to float in ``[0, 1]`` (``/ 255``) happens on the device, in the engine's
-``prepare_batch`` (:class:`VCEPrepareBatch`) or in the network; no CPU transform after the loader touches
-floats.
-
-**Frame dtype at each stage** (the one place this is stated; the rest of the package and the bundle refer here):
-
-====================================================  =====================================================
-stage                                                 frame
-====================================================  =====================================================
-decoding + resize (``preprocessing``, loader workers)  ``uint8`` (3, S, S), values 0-255
-host -> device                                        ``uint8`` batch (B, 3, S, S)
-``prepare_batch`` (:class:`VCEPrepareBatch`),         ``float32`` in [0, 1] (``/ 255`` on the device); float
-``inferer`` (``monai_vce.engines.FrameInferer``)      input passes unchanged
-network (``DiffAttnCLIPClassifier``)                   accepts both ``uint8`` (scaled inside) and float in
-                                                      [0, 1]; normalises with the CLIP mean/std itself
-bundle metadata (``network_data_format.inputs``)      ``uint8``, [0, 255]: what ``preprocessing`` emits and
-                                                      what MONAI Label / Deploy hand the network
-====================================================  =====================================================
-
-A replaced ``network_def`` receives ``float32`` in [0, 1] from the bundle's engines (``prepare_batch``); only
-applications that call the network on the ``preprocessing`` output themselves hand it ``uint8``.
-
-Every PNG frame is checked whole first (:func:`monai_vce.data.frame_checks.check_png`: its structure, the CRC-32 of
-every chunk, the pixel count its header declares), then decoded by Pillow, which reports damaged data as errors.
-torchvision's ``decode_png`` is not used: it crashes the whole process (a segmentation fault, taking the DataLoader
-worker or the run with it) on a PNG with one flipped bit or a wrong checksum. The resize is :func:`resize_frame`
-(``torchvision.transforms.v2.functional.resize`` on the ``uint8`` tensor, bilinear, antialiased): the one resize of
-training (after the random crop, :class:`monai_vce.data.transforms.RandResizedCropd`), validation and inference, so
-that the network sees frames resized the same way in all three. Decoding 8-bit RGB frames gives the same pixels as
-``decode_png`` (``tests/test_frames.py``); measured side by side per frame to 224 px on one core of the project's
-loaded CPU machine (``benchmarks/frame_loading.py``, BENCHMARKS.md), torchvision 3.8 ms and checks + Pillow 4.7 ms
-for a 336 px PNG, 8.3 ms and 10.1 ms for a 512 px one.
-
-Input handling (every frame is resized to ``image_size``, so frames of different sizes within one video
-are fine and batch together):
-
-- grayscale, grayscale + alpha, palette, RGBA and 16-bit PNGs are converted to 8-bit RGB (alpha is
-  dropped, 16-bit values are scaled to 8 bit); the first frame of each kind in a process triggers one
-  warning naming the file, later ones convert silently.
-- a JPEG renamed ``.png`` is decoded as JPEG with one warning per process (``allow_jpeg=True``, the default:
-  the content is a valid image, only the name is wrong) or rejected with a ``ValueError`` naming the file
-  (``allow_jpeg=False``).
-- a zero-byte file, a truncated or corrupted PNG (a chunk whose CRC does not match: one flipped bit is enough), a
-  frame declaring more than ``max_pixels`` pixels (default 4096 x 4096, refused from its header before decoding),
-  or content that is neither PNG nor JPEG raises a ``ValueError`` naming the file (never its content); a missing
-  file or a broken link raises ``FileNotFoundError`` naming it.
+Frames stay ``uint8`` until the device, where :class:`VCEPrepareBatch` makes them float32 in [0, 1]. Bad frames
+raise a ``ValueError`` naming the file.
 """
 
 from __future__ import annotations

@@ -1,38 +1,7 @@
 """Reader of the Galar video capsule endoscopy dataset layout: frames, label CSVs, metadata, datalists.
 
-Layout read (as the Galar archives come):
-
-- frames: ``<frames_dir>/<video_id>/frame_<number>.<png>``. The number may have any count of digits
-  (``frame_000100.PNG`` in the training archives, ``frame_0000049.png`` in the challenge test videos);
-  the extension is matched case-insensitively and frames are identified by the parsed number. Videos may
-  be nested one level deeper under ``Galar_Frames_<a>_to_<b>/`` folders. Other files are ignored.
-- labels: ``<labels_dir>/<video_id>.csv``, comma separated, with a column ``index`` (the frame position
-  in Galar ``index`` units, the units of the official ground truth), one 0/1 column per label (lower-case
-  names with spaces; columns beyond the 17 labels of :data:`monai_vce.labels.LABELS` are ignored) and a
-  column ``frame`` = the number in the image file name. ``frame`` and ``index`` differ in some videos
-  (video 1: ``index`` 20 is ``frame`` 100), so images are matched to label rows through ``frame`` only.
-- metadata: a CSV with one row per video naming its capsule system (see :func:`read_metadata`).
-
-Policy for inconsistencies between frames and label rows (each is reported per video with a count and
-the first examples, through :mod:`logging` and one :func:`warnings.warn` summary, and returned as a
-:class:`GalarReport` with ``return_report=True``; ``strict=True`` raises ``ValueError`` instead):
-
-- a frame image without a label row is left out of the labelled datalist (it cannot be trained on);
-- a label row without a frame image is left out (there is nothing to load);
-- two image files with the same frame number in one video (``frame_000049.PNG`` and
-  ``frame_0000049.png``): the first in sorted file-name order is kept;
-- two label rows with the same ``frame`` value: the first row is kept;
-- a video folder without a label CSV, or a label CSV without a video folder (only when the videos are
-  discovered rather than named): the video is skipped;
-- a frame file that is a broken link: skipped;
-- a frame that fails the image check (``check_images``) with ``bad_frames="skip"``: skipped (a gap in the video).
-
-Errors that always raise, naming the file (and row or column): a label CSV or metadata file that is not UTF-8
-text; a missing label, ``index`` or ``frame`` column, or one of them given twice; a value other than 0/1 in a label
-column; an ``index``/``frame`` value that is not an integer in ``[0, 2**31 - 1]``; one ``index`` given to two rows
-of different frames; a frame file name whose number exceeds ``2**31 - 1``; a video folder without any frame image;
-an unreadable, truncated, corrupted or oversized image when images are checked (``check_images``, with the default
-``bad_frames="error"``).
+Images match label rows through ``frame``; inconsistencies are skipped and reported (:class:`GalarReport`), or
+raise with ``strict=True``. Reference: the Galar dataset (RARE-VISION challenge).
 """
 
 from __future__ import annotations

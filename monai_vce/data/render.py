@@ -1,23 +1,5 @@
-"""Vectorised rendering of synthetic capsule endoscopy frames from per-frame label sets.
-
-Each frame is drawn, for a whole chunk of frames at once with numpy, from layers:
-
-- mucosa of the anatomical section: a base colour (jittered per frame) and a section texture: pale
-  longitudinal folds for the esophagus, mottled pink for the mouth, broad gastric folds (rugae) for the
-  stomach, fine villous grain for the small intestine, concentric haustral folds with thin vessels for the
-  colon; frames without any section label show a dark, grey, out-of-body view;
-- a dark lumen at a slowly moving position, and wall illumination;
-- landmarks: the z-line as a serrated two-tone ring (pale esophageal / red gastric mucosa), the pylorus as a
-  round dark opening inside a bright folded ring, the ileocecal valve as a yellowish lip-shaped mound with a
-  slit;
-- pathologies as small patterns of random count, position, size and contrast: bright red blobs (active
-  bleeding), dark red pools (blood), small cherry-red spots with a halo (angiectasia), shallow whitish patches
-  with a red rim (erosion), soft red patches (erythema), dark brown specks (hematin), clusters of tiny white
-  dots (lymphangioectasis), a shaded round bump (polyp), a white-yellow centre inside a red ring (ulcer);
-- nuisances that carry no label of the 17: specular highlights, bubbles, greenish debris ("dirt"),
-  brightness changes, blur, sensor noise, a capsule-dependent colour cast and field-of-view mask.
-
-Sizes are relative to the image, so the same labels are drawn at any resolution.
+"""Vectorised rendering of synthetic capsule endoscopy frames from per-frame label sets: mucosa, lumen, landmarks,
+pathologies and unlabelled nuisances, sized relative to the image.
 """
 
 from __future__ import annotations

@@ -1,21 +1,5 @@
-"""Label-frequency weighted frame samplers built from a multi-label datalist.
-
-A frame's sampling weight comes from the frequencies ``f_c`` (fraction of frames positive for class ``c``)
-of its positive labels, ``f_c ** -exponent`` with ``exponent = 0.5`` (inverse square root). All-negative
-frames are weighted as one pseudo-class "none" with its own frequency ``f_none`` (the fraction of frames
-without any positive label). A frame with several positive labels gets the weight of its rarest label
-(``combine="max"``, the default) or the mean of its labels' weights (``combine="mean"``).
-
-Drawing with replacement in proportion to these weights makes the expected share of drawn frames that are
-positive for ``c``
-
-.. math::
-
-    E[\\text{share}_c] = \\frac{\\sum_i w_i y_{ic}}{\\sum_i w_i},
-
-reported by :meth:`SqrtFrequencySampler.effective_class_frequencies` next to the original ``f_c``. For
-single-label frames this is ``sqrt(f_c) / sum_k sqrt(f_k)``: a class 100 times rarer than another is drawn
-only 10 times less often.
+"""Label-frequency weighted frame samplers: a frame's weight is ``f_c ** -exponent`` (0.5: inverse square root) of
+its rarest positive label (or the mean), all-negative frames as one pseudo-class; drawn with replacement.
 """
 
 from __future__ import annotations
@@ -61,7 +45,7 @@ def _label_matrix(data: Sequence[Mapping[str, Any]], label_key: str) -> np.ndarr
 def label_frequency_weights(
     labels: np.ndarray, exponent: float = 0.5, combine: str = "max"
 ) -> tuple[np.ndarray, np.ndarray, float]:
-    """Per-frame sampling weights from a (N, C) multi-hot label matrix (see the module docstring).
+    """Per-frame sampling weights from a (N, C) multi-hot label matrix (see ``docs/design/data.md``).
 
     Args:
         labels: (N, C) array, positive where ``>= 0.5`` (or bool).
@@ -98,7 +82,7 @@ class SqrtFrequencySampler(Sampler[int]):
     """Draw frames with replacement in proportion to the inverse square root of their labels' frequencies.
 
     Built from the datalist itself (``data=@train#dataset#data`` in a bundle), so a datalist override reaches
-    the sampler too. See the module docstring for the weights. Each epoch draws ``num_samples`` indices with
+    the sampler too. See ``docs/design/data.md`` for the weights. Each epoch draws ``num_samples`` indices with
     a generator seeded from ``seed + epoch``: the draw is reproducible and changes from epoch to epoch.
     ``set_epoch`` sets the epoch (``monai_vce.engines.VCETrainer`` calls it when an epoch starts); without
     it the epoch advances by one at each iteration over the sampler. The datalist is read on first use (not when

@@ -1,22 +1,6 @@
-"""Video-level splits of frame datalists: train/validation and k-fold, stratified on rare labels.
+"""Video-level splits of frame datalists (train/validation, k-fold), stratified on rare labels.
 
-Frames of one video are strongly correlated, so every split here keeps each video whole on one side.
-Videos are assigned to groups (train/validation, or folds) by a greedy multi-label stratification:
-
-1. each video is described by the set of labels present in any of its frames (plus, optionally, its
-   capsule system as an extra category);
-2. labels are handled from the rarest (fewest still unassigned videos) to the most common; the unassigned
-   videos carrying the label are visited in a seed-dependent random order and each goes to the group that
-   holds the fewest videos with that label so far (ties: the group with the most room left, then a
-   seed-dependent group order), as long as the group has room. A label present in ``c`` videos therefore
-   reaches ``min(c, n_groups)`` groups whenever room allows;
-3. videos without any label fill the remaining room;
-4. a repair pass then swaps videos between groups so that every label present in ``c`` videos reaches
-   ``min(c, n_groups)`` groups (for a train/validation split: every label of two or more videos is on both
-   sides), wherever a swap exists that takes no group away from any other label.
-
-Everything depends only on the set of videos, their labels and ``seed`` (not on the order of the
-datalist), so a split is reproducible.
+Each video stays whole on one side; the result depends only on the videos, their labels and ``seed``.
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
 """A generated mini-Galar: real Galar label timelines, synthetic frames, in the Galar file layout.
 
-``python -m monai_vce.data.synthetic --out DIR --videos N --frames-per-video M --size S --seed K`` writes::
-
-    DIR/frames/<video_id>/frame_XXXXXX.PNG   (one video uses frame_XXXXXXX.png and an id like ukdd_navi_00001;
-                                             with --video-format mp4: DIR/frames/<video_id>.mp4 instead)
-    DIR/labels/<video_id>.csv                index, label columns (the 17 plus "bubbles" and "dirt"), frame
-    DIR/metadata.csv                         video_id, capsule, source_video, frame_rule
-    DIR/ground_truth.json                    challenge event JSON in index units (written last)
-    DIR/.monai_vce_manifest.json             the files it wrote (each listed before it is written)
-
-Label timelines. Each video takes the timeline of one real Galar video from ``galar_events.json`` (the
-published ground truth of the 80 videos): videos are drawn in a seed-dependent order, greedily preferring
-those that add pathology labels not yet covered, so the set as a whole carries many pathologies. Each
-timeline is resampled to M frames by :func:`resample_timeline`, which keeps the order of the anatomical
-sections, their relative lengths and the label co-occurrence of the real video, and keeps short events
-(landmarks, small lesions) as at least ``min_event_frames`` frames. When the file cannot be found, a simple
-built-in generator (:func:`builtin_timeline`) is used instead and a warning says so.
-
-Frame numbers. Odd-numbered videos use ``frame = 5 * index + offset`` (offset 0-4), the others
-``frame = index``, as in Galar where some videos were annotated every 5th frame. Images are rendered by
-:mod:`monai_vce.data.render`. Everything depends only on the arguments: the same seed gives byte-identical
-files.
+``python -m monai_vce synthetic --out DIR ...``; the same arguments give byte-identical files.
 """
 
 from __future__ import annotations
@@ -31,7 +11,6 @@ import csv
 import io
 import logging
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -43,6 +22,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from monai_vce.cli import command_main
 from monai_vce.data.render import CAPSULES, FrameNuisances, iter_render_video
 from monai_vce.data.video import require_av, write_video
 from monai_vce.events.composition import events_to_frames
@@ -94,7 +74,6 @@ _CSV_LABELS: tuple[str, ...] = (
     "dirt",
     *sorted(PATHOLOGY, reverse=True),
 )
-_MARKER = ".mini_galar"  # a generator of before the manifest marked its folders with it
 #: The generator's record of the files it wrote in its output folder: a rerun replaces only those.
 MANIFEST = ".monai_vce_manifest.json"
 _WRITER = "monai_vce.data.synthetic"
@@ -324,13 +303,6 @@ def builtin_timeline(n_frames: int, rng: np.random.Generator, min_event_frames: 
     return out
 
 
-# what a generator of before the manifest wrote (its folders carry the marker file): refuses anything else there
-_LEGACY_FILES = re.compile(
-    r"(\.mini_galar|metadata\.csv|ground_truth(\.meta)?\.json|labels/[^/]+\.csv"
-    r"|frames/[^/]+/frame_(\d{6}\.PNG|\d{7}\.png)|frames/[^/]+\.(mp4|avi|mkv|webm))"
-)
-
-
 def _leftover(rel: str, owned: set[str]) -> bool:
     """Whether ``rel`` is the temporary file of an owned file left by a killed write (``.<name>.*.tmp|partial``)."""
     head, _, name = rel.rpartition("/")
@@ -359,15 +331,13 @@ def _read_manifest(out: Path) -> set[str] | None:
 def _owned_files(out: Path) -> set[str]:
     """Check that ``out`` holds only what the generator wrote there and return those files (relative paths).
 
-    What it wrote is what its manifest lists; a folder of a generator of before the manifest (marker file
-    ``.mini_galar``) may hold the files of the mini-Galar layout. The output lock, the manifest and the temporary
-    files of a killed write of an owned file count as its own too.
+    What it wrote is what its manifest lists. The output lock, the manifest and the temporary files of a killed
+    write of an owned file count as its own too.
 
     Raises:
         FileExistsError: one line naming the first file (or link, or anything else) it did not write.
     """
     manifest = _read_manifest(out)
-    legacy = manifest is None and (out / _MARKER).is_file() and not (out / _MARKER).is_symlink()
     owned = manifest if manifest is not None else set()
     found: set[str] = set()
     for root, dirs, files in os.walk(out):
@@ -375,21 +345,19 @@ def _owned_files(out: Path) -> set[str]:
         for name in sorted(files) + sorted(d for d in dirs if os.path.islink(os.path.join(root, d))):
             found.add(name if top == "." else f"{top}/{name}")
         dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]  # never walk into a link
-    if legacy:
-        owned = {rel for rel in found if _LEGACY_FILES.fullmatch(rel)}
     mine = {OutputLock.name, MANIFEST} | owned
     for rel in sorted(found, key=natural_key):
         if rel not in mine and not _leftover(rel, mine):
             how = (
                 f"not in the manifest {MANIFEST} of an earlier generation"
-                if manifest is not None or legacy
+                if manifest is not None
                 else f"the folder is not empty and holds no manifest {MANIFEST}"
             )
             raise FileExistsError(
                 f"output folder {safe_text(out)} holds {safe_text(rel)}, which the generator did not write ({how}); "
                 "move it away or choose an empty or new folder"
             )
-    return owned | {rel for rel in found if _leftover(rel, mine)} | ({_MARKER} if legacy else set())
+    return owned | {rel for rel in found if _leftover(rel, mine)}
 
 
 def _prepare_out(out: Path) -> None:
@@ -612,18 +580,24 @@ def ensure_mini_galar(
     return str(out)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line entry point (``python -m monai_vce.data.synthetic``)."""
-    p = argparse.ArgumentParser(
-        prog="python -m monai_vce.data.synthetic",
-        description="Generate a mini-Galar (real Galar label timelines, synthetic frames) in the Galar layout.",
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``synthetic`` command to ``subparsers``; returns its parser."""
+    p = subparsers.add_parser(
+        "synthetic",
+        description="Generate a mini-Galar (real Galar label timelines, synthetic frames) in the Galar layout: "
+        "OUT/frames/, OUT/labels/, OUT/metadata.csv and OUT/ground_truth.json; the same arguments give "
+        "byte-identical files.",
     )
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--videos", type=int, default=8, help="number of videos (default 8)")
+    p.add_argument("--num-videos", type=int, default=8, help="number of videos (default 8)")
     p.add_argument("--frames-per-video", type=int, default=300, help="frames per video (default 300)")
     p.add_argument("--size", type=int, default=64, help="image side in pixels (default 64)")
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    p.add_argument("--events", default=None, help="real galar_events.json (default: found automatically)")
+    p.add_argument(
+        "--galar-events",
+        default=None,
+        help="the real Galar ground truth galar_events.json (default: found automatically)",
+    )
     p.add_argument("--builtin-timelines", action="store_true", help="do not use real Galar timelines")
     p.add_argument("--naming", default="mixed", choices=("mixed", "galar", "challenge"), help="frame file naming")
     p.add_argument("--min-event-frames", type=int, default=2, help="shortest kept event length (default 2)")
@@ -634,38 +608,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="write each video as one video file frames/<video_id>.<format> instead of a frame folder",
     )
     p.add_argument("--video-fps", type=int, default=5, help="frame rate of the video files (default 5)")
-    args = p.parse_args(argv)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            out = generate_mini_galar(
-                args.out,
-                videos=args.videos,
-                frames_per_video=args.frames_per_video,
-                size=args.size,
-                seed=args.seed,
-                events_path=args.events,
-                use_real_timelines=not args.builtin_timelines,
-                naming=args.naming,
-                min_event_frames=args.min_event_frames,
-                video_format=args.video_format,
-                video_fps=args.video_fps,
-            )
-        except (ValueError, OSError, RuntimeError, ImportError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-    for w in caught:
-        print(f"warning: {w.message}", file=sys.stderr)
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Generate the mini-Galar of ``args`` and print where its files are; returns the exit code 0."""
+    out = generate_mini_galar(
+        args.out,
+        videos=args.num_videos,
+        frames_per_video=args.frames_per_video,
+        size=args.size,
+        seed=args.seed,
+        events_path=args.galar_events,
+        use_real_timelines=not args.builtin_timelines,
+        naming=args.naming,
+        min_event_frames=args.min_event_frames,
+        video_format=args.video_format,
+        video_fps=args.video_fps,
+    )
     out = out.resolve()
     meta = list(csv.reader((out / "metadata.csv").read_text().splitlines()))[1:]
     sources = sorted({row[2] for row in meta}, key=natural_key)
-    print(f"mini-Galar: {args.videos} videos x {args.frames_per_video} frames of {args.size} px (seed {args.seed})")
+    print(f"mini-Galar: {args.num_videos} videos x {args.frames_per_video} frames of {args.size} px (seed {args.seed})")
     print(f"timelines: {'built-in generator' if sources == ['builtin'] else 'real Galar videos ' + ', '.join(sources)}")
     print(f"frames:       {out / 'frames'}")
     print(f"labels:       {out / 'labels'}")
     print(f"metadata:     {out / 'metadata.csv'}")
     print(f"ground truth: {out / 'ground_truth.json'}")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m monai_vce.data.synthetic``, the same as ``python -m monai_vce synthetic``; returns the exit code."""
+    return command_main(add_parser, argv, "python -m monai_vce.data.synthetic")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,7 @@
-"""Frame pipelines for capsule endoscopy: decoding, resizing, strong augmentation, as MONAI dictionary transforms.
+"""Frame pipelines for capsule endoscopy as MONAI dictionary transforms: decoding, resizing, augmentation.
 
-The pipelines work on datalist items (``{"image": path, "label": [17 floats], "video_id", "frame_index",
-"frame_number", ...}``); keys other than ``image`` and ``label`` pass through untouched, so the batch
-keeps ``video_id`` (a list of strings) and ``frame_index`` / ``frame_number`` (int64 tensors).
-
-By default the image leaves the pipeline as ``uint8`` (3, H, W): a quarter of the bytes of float32 to
-collate, pin and copy to the device, where :class:`monai_vce.data.VCEPrepareBatch` turns it into float
-in [0, 1] (the network's input contract). ``output_dtype="float32"`` gives float images in [0, 1] instead,
-for consumers that feed the network directly (MONAI Label, MONAI Deploy, TorchScript).
+Keys other than ``image`` and ``label`` pass through; the image leaves as ``uint8`` (3, H, W) unless
+``output_dtype="float32"``.
 """
 
 from __future__ import annotations
@@ -23,16 +17,7 @@ from monai.transforms import (
     Compose,
     EnsureTyped,
     MapTransform,
-    RandAdjustContrastd,
-    RandFlipd,
-    RandGaussianNoised,
-    RandGaussianSmoothd,
     RandomizableTransform,
-    RandRotate90d,
-    RandRotated,
-    RandScaleIntensityd,
-    RandScaleIntensityFixedMeand,
-    RandShiftIntensityd,
     ScaleIntensityRanged,
 )
 from monai.utils import convert_to_dst_type, convert_to_tensor
@@ -45,7 +30,6 @@ __all__ = [
     "RandHueSaturationd",
     "RandResizedCropd",
     "vce_load_transforms",
-    "vce_train_transforms",
     "vce_val_transforms",
 ]
 
@@ -275,23 +259,6 @@ def vce_load_transforms(image_size: int | None = 224, image_key: str = "image", 
     return [LoadVCEFramed(keys=image_key, image_size=image_size, max_pixels=max_pixels)]
 
 
-def _finalise(image_key: str, label_key: str, output_dtype: str, scale: float) -> list:
-    """Clip to the valid range and cast; ``scale`` is the value range of the incoming image (1 or 255)."""
-    if output_dtype == "uint8":
-        # map [0, scale] to [0.5, 255.5] then truncate on the cast: rounding to the nearest integer
-        last = ScaleIntensityRanged(
-            keys=image_key, a_min=0.0, a_max=scale, b_min=0.5, b_max=255.5, clip=True, dtype=np.uint8
-        )
-    else:
-        last = ScaleIntensityRanged(keys=image_key, a_min=0.0, a_max=scale, b_min=0.0, b_max=1.0, clip=True)
-    return [
-        last,
-        # plain tensors: they collate faster than MetaTensors and the frame's identity travels in its own keys
-        EnsureTyped(keys=image_key, data_type="tensor", track_meta=False),
-        _label_to_tensor(label_key),
-    ]
-
-
 def _label_to_tensor(label_key: str) -> EnsureTyped:
     # a list of 17 floats would collate into 17 tensors of shape (B,); a (17,) tensor collates into (B, 17)
     return EnsureTyped(
@@ -325,117 +292,4 @@ def vce_val_transforms(
     if output_dtype == "float32":
         xforms.append(ScaleIntensityRanged(keys=image_key, a_min=0.0, a_max=255.0, b_min=0.0, b_max=1.0, clip=True))
     xforms.append(_label_to_tensor(label_key))
-    return Compose(xforms)
-
-
-def vce_train_transforms(
-    image_size: int = 224,
-    output_dtype: str = "uint8",
-    crop_scale: tuple[float, float] = (0.49, 1.0),
-    crop_ratio: tuple[float, float] = (0.7, 1.43),
-    flip_prob: float = 0.5,
-    rot90_prob: float = 0.5,
-    rotate_prob: float = 0.5,
-    rotate_degrees: float = 180.0,
-    brightness: float = 0.2,
-    contrast: float = 0.2,
-    saturation: float = 0.2,
-    hue: float = 0.03,
-    gamma: tuple[float, float] | None = (0.8, 1.25),
-    shift: float = 0.05,
-    color_prob: float = 0.5,
-    blur_prob: float = 0.2,
-    blur_sigma: tuple[float, float] = (0.1, 1.0),
-    noise_prob: float = 0.2,
-    noise_std: float = 0.02,
-    erase_prob: float = 0.0,
-    erase_scale: tuple[float, float] = (0.02, 0.33),
-    erase_ratio: tuple[float, float] = (0.3, 3.3),
-    image_key: str = "image",
-    label_key: str = "label",
-) -> Compose:
-    """Training augmentation for capsule frames; the defaults are the bundle's default (``project``) recipe's.
-
-    In order: decode at full size; random resized crop (:class:`RandResizedCropd`: area ``crop_scale``, aspect
-    ``crop_ratio``) resized to ``image_size`` by the antialiased resize of validation and inference; scale to
-    [0, 1]; flips along both axes (``flip_prob`` each); rotations by 90, 180 or 270 degrees (``rot90_prob``); a
-    free rotation in ``[-rotate_degrees, rotate_degrees]`` (``rotate_prob``; corners filled with black, like the
-    capsule's own vignette); colour jitter, each with probability ``color_prob``: brightness
-    (``RandScaleIntensityd``), contrast about the mean (``RandScaleIntensityFixedMeand``), hue and saturation
-    (:class:`RandHueSaturationd`), and where set, gamma (``RandAdjustContrastd``) and a brightness shift
-    (``RandShiftIntensityd``); Gaussian blur and noise (``blur_prob``, ``noise_prob``); random erasing
-    (:class:`RandErasingd`, ``erase_prob``); clip and cast. A probability of 0 leaves its transform out. Call
-    ``set_random_state(seed)`` on the result for a reproducible stream.
-
-    The defaults (the ``project`` preset): crop area 0.49-1.0 and aspect 0.7-1.43, flips, 90-degree and free
-    rotations, colour jitter with gamma and shift, blur and noise, no erasing. The paper's augmentation (the
-    ``paper`` preset): ``crop_scale=(0.7, 1.0), crop_ratio=(3/4, 4/3), rot90_prob=0, rotate_prob=1,
-    rotate_degrees=15, gamma=None, shift=0, blur_prob=0, noise_prob=0, erase_prob=0.5``: random resized crop of area
-    0.7-1.0, colour jitter, horizontal and vertical flips, rotation +-15 degrees, random erasing.
-
-    Args:
-        image_size: side of the square output image.
-        output_dtype: ``"uint8"`` or ``"float32"`` (see :func:`vce_val_transforms`).
-        crop_scale: range of the crop's area as a fraction of the frame's area.
-        crop_ratio: range of the crop's aspect ratio (width / height).
-        flip_prob: probability of each of the two flips.
-        rot90_prob: probability of a rotation by 90, 180 or 270 degrees.
-        rotate_prob: probability of a free rotation.
-        rotate_degrees: largest free rotation angle, in degrees.
-        brightness: multiplicative brightness jitter ``1 +- brightness``.
-        contrast: contrast jitter about the image mean ``1 +- contrast``.
-        saturation: saturation jitter ``1 +- saturation``.
-        hue: hue rotation ``+- hue`` turns.
-        gamma: gamma range, or None for no gamma jitter.
-        shift: additive brightness jitter ``+- shift`` (images in [0, 1]); 0 for none.
-        color_prob: probability of each colour/intensity jitter.
-        blur_prob: probability of a Gaussian blur.
-        blur_sigma: blur sigma range in pixels.
-        noise_prob: probability of Gaussian noise.
-        noise_std: maximum noise standard deviation (drawn in [0, noise_std]).
-        erase_prob: probability of random erasing.
-        erase_scale: range of the erased area as a fraction of the image's.
-        erase_ratio: range of the erased rectangle's aspect ratio.
-        image_key: key of the image path.
-        label_key: key of the label values.
-
-    Returns:
-        A ``monai.transforms.Compose`` for datalist items.
-    """
-    _check_output_dtype(output_dtype)
-    k = image_key
-    xforms = vce_load_transforms(None, image_key=k)
-    # crop from the full-size frame, then the one resize: sharper than cropping an already resized frame
-    xforms += [
-        RandResizedCropd(keys=k, image_size=image_size, scale=crop_scale, ratio=crop_ratio),
-        ScaleIntensityRanged(keys=k, a_min=0.0, a_max=255.0, b_min=0.0, b_max=1.0, clip=True),
-    ]
-    if flip_prob > 0:
-        xforms += [RandFlipd(keys=k, prob=flip_prob, spatial_axis=0), RandFlipd(keys=k, prob=flip_prob, spatial_axis=1)]
-    if rot90_prob > 0:
-        xforms.append(RandRotate90d(keys=k, prob=rot90_prob, max_k=3))
-    if rotate_prob > 0 and rotate_degrees > 0:
-        xforms.append(
-            RandRotated(
-                keys=k, range_x=math.radians(rotate_degrees), prob=rotate_prob, keep_size=True, padding_mode="zeros"
-            )
-        )
-    if color_prob > 0:
-        if brightness > 0:
-            xforms.append(RandScaleIntensityd(keys=k, factors=brightness, prob=color_prob))
-        if contrast > 0:
-            xforms.append(RandScaleIntensityFixedMeand(keys=k, factors=contrast, prob=color_prob))
-        if gamma is not None:
-            xforms.append(RandAdjustContrastd(keys=k, gamma=gamma, prob=color_prob))
-        if shift > 0:
-            xforms.append(RandShiftIntensityd(keys=k, offsets=shift, prob=color_prob))
-        if hue > 0 or saturation > 0:
-            xforms.append(RandHueSaturationd(keys=k, hue=hue, saturation=saturation, prob=color_prob))
-    if blur_prob > 0:
-        xforms.append(RandGaussianSmoothd(keys=k, sigma_x=blur_sigma, sigma_y=blur_sigma, prob=blur_prob))
-    if noise_prob > 0:
-        xforms.append(RandGaussianNoised(keys=k, std=noise_std, prob=noise_prob))
-    if erase_prob > 0:
-        xforms.append(RandErasingd(keys=k, prob=erase_prob, scale=erase_scale, ratio=erase_ratio))
-    xforms += _finalise(k, label_key, output_dtype, 1.0)
     return Compose(xforms)

@@ -1,30 +1,7 @@
 """Exams stored as video files (``.mp4``, ``.avi``, ``.mkv``, ...): listing, streamed decoding, frame cache entries.
 
-Many capsule exams leave the vendor's reading software as one video file rather than a folder of PNG frames.
-Such a file is one video of the datalist: its id is the file stem, its frames are the decoded frames in decoding
-order, and a frame's ``frame_number`` (and, without a label CSV, its ``frame_index``) is its 0-based decoded
-position. Datalist items of a video file keep the file as ``image``::
-
-    {"image": "/exams/ukdd_navi_00051.mp4", "video_id": "ukdd_navi_00051", "frame_index": 7, "frame_number": 7, ...}
-
-Why a cache: a compressed video can only be decoded forward from a key frame, so serving single frames in the
-order a DataLoader's workers ask for them would decode most of the video once per worker (or per frame). Each
-video is therefore decoded once, sequentially and streamed (a chunk of frames in memory at a time, never the
-whole video), resized, and written into the per-video memory-mapped :class:`~monai_vce.data.FrameCache`; frames
-are then served from there by :class:`~monai_vce.data.video_dataset.VideoFrameDataset` (inference) or
-:class:`~monai_vce.data.FrameCacheDataset` (training), in any order and from any worker. A video's cache entry
-is complete only when every frame is in; a run killed while decoding rebuilds that video next time and reuses
-every finished one, so resumed runs never decode a finished video again.
-
-Decoding uses PyAV (FFmpeg's libraries; ``pip install "monai-vce[video]"``), imported only when a video is
-opened; this module imports neither torch nor MONAI until frames are decoded. A corrupt or truncated file raises a one-line ``ValueError`` naming the file and its last good frame.
-
-Frames are counted and served as a player shows them: the count is the number of frames the file decodes to
-(:func:`count_video_frames`, like ``ffprobe -count_frames``), never the container's duration or index, so
-variable-frame-rate and edit-list files are read whole; a warning names both numbers when the container says
-otherwise, and a file that decodes to fewer frames than its index lists (beyond :data:`MISSING_FRAMES_TOLERANCE`)
-is refused with both counts. Rotation metadata (90/180/270 degrees) is applied to the decoded frames. File names
-in messages are escaped (:func:`monai_vce.utils.safe_text`), so a name cannot forge a log line.
+A file is one video (id: its stem; ``frame_number``: 0-based decoded position), decoded once into the
+:class:`~monai_vce.data.FrameCache`. Needs PyAV.
 """
 
 from __future__ import annotations

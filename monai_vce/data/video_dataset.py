@@ -1,8 +1,4 @@
-"""A MONAI ``Dataset`` that serves the frames of exams stored as video files from the frame cache.
-
-See :mod:`monai_vce.data.video` for why each video is decoded once, sequentially, into the per-video
-memory-mapped :class:`~monai_vce.data.FrameCache`, and served from there.
-"""
+"""A MONAI ``Dataset`` serving the frames of exams stored as video files from the frame cache."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Training engines: the monai-vce training iteration (mixup, dual-path loss, AMP) on MONAI's SupervisedTrainer,
-and the learning-rate schedule of the training recipes, and the frame inferer of validation and inference."""
+"""Engines: the training iteration (mixup, dual-path loss, AMP) on MONAI's ``SupervisedTrainer``, the learning-rate
+schedules and the frame inferer.
+"""
 
 from __future__ import annotations
 

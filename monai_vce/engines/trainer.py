@@ -19,8 +19,9 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from monai_vce.data.frames import VCEPrepareBatch
+from monai_vce.networks.network_utils import unwrap_network
 
-__all__ = ["MultiLabelMixUp", "VCETrainer", "forward_paths"]
+__all__ = ["MultiLabelMixUp", "VCETrainer", "check_contrastive_path", "forward_paths"]
 
 _AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -28,14 +29,9 @@ _AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 class MultiLabelMixUp(Randomizable):
     """Batch-level mixup (Zhang et al., ICLR 2018) of images and multi-label targets.
 
-    For a batch ``(x, y)`` it draws one weight ``lam_i ~ Beta(alpha, alpha)`` per sample and a random
-    permutation ``j`` of the batch, and returns ``lam_i * x_i + (1 - lam_i) * x_j`` and the soft targets
-    ``lam_i * y_i + (1 - lam_i) * y_j`` (a frame that mixes "ulcer" at weight 0.7 with "blood" at 0.3 has
-    target 0.7 for ulcer and 0.3 for blood). With probability ``1 - prob`` the batch passes unchanged.
-
-    MONAI's ``monai.transforms.MixUp`` is not used: it rejects ``(B, C)`` label tensors ("Unexpected number of
-    dimensions"), fixes the batch size at construction (a smaller last batch raises), and creates its weights
-    on the CPU, not on the batch's device.
+    Per sample ``lam_i ~ Beta(alpha, alpha)`` and a random permutation ``j``: ``lam_i * x_i + (1 - lam_i) * x_j`` and
+    the same soft mix of the targets; with probability ``1 - prob`` the batch passes unchanged. Why not MONAI's
+    ``MixUp``: ``docs/design/training.md``.
 
     Args:
         alpha: Beta distribution parameter; ``0`` disables mixup.
@@ -108,36 +104,39 @@ def _has_paths(network: torch.nn.Module) -> bool:
     return callable(getattr(inner, "forward_paths", None))
 
 
+def check_contrastive_path(network: torch.nn.Module, contrastive_weight: float) -> None:
+    """Refuse ``contrastive_weight > 0`` for a network whose contrastive path is off (no text embeddings).
+
+    A network that has a ``contrastive_head`` attribute (:class:`~monai_vce.networks.DiffAttnCLIPClassifier`) set to
+    None would train without the weighted contrastive term (the paper's 0.4 x BCE); networks without the attribute
+    are not checked (their ``forward_paths`` decides). The message is the network's ``contrastive_off_reason``.
+
+    Raises:
+        ValueError: one line: the weight, why the path is off, the command that computes the embeddings.
+    """
+    inner = unwrap_network(network)
+    inner = getattr(inner, "_orig_mod", inner)  # torch.compile's wrapper
+    if contrastive_weight > 0 and hasattr(inner, "contrastive_head") and inner.contrastive_head is None:
+        reason = getattr(inner, "contrastive_off_reason", None) or "the network has no contrastive head"
+        raise ValueError(
+            f"contrastive_weight is {contrastive_weight} but the network's contrastive path is off, so training "
+            f"would drop that term: {reason}; or set contrastive_weight 0 to train the classification path only"
+        )
+
+
 class VCETrainer(SupervisedTrainer):
     """``SupervisedTrainer`` with the training iteration of monai-vce.
 
-    It takes every ``SupervisedTrainer`` argument (so bundle configs and ``ConfigWorkflow`` treat it the same)
-    plus the ones below. One iteration:
+    It takes every ``SupervisedTrainer`` argument plus the ones below. One iteration: ``prepare_batch`` (``uint8`` to
+    float on the device), mixup, forward under autocast (``forward_paths`` when ``contrastive_weight > 0``), loss
+    ``loss_function(cls, y) + contrastive_weight * contrastive_loss_function(con, y)``, a ``FloatingPointError`` on a
+    non-finite loss before any step, backward (``GradScaler`` for float16), optional gradient clipping, step.
 
-    1. ``prepare_batch`` moves the batch to the device; the default :class:`monai_vce.data.VCEPrepareBatch`
-       turns ``uint8`` frames into float in [0, 1] there.
-    2. Mixup (:class:`MultiLabelMixUp`, ``mixup_alpha``, ``mixup_prob``) mixes images and targets.
-    3. Forward under ``torch.autocast(device.type, dtype=amp_dtype)`` when ``amp``: when the network has
-       ``forward_paths`` and ``contrastive_weight > 0``, the inferer runs ``forward_paths`` and returns the
-       classification and contrastive logits, else it runs the network's ``forward`` (classification only).
-    4. Loss: ``loss_function(cls_logits, y) + contrastive_weight * contrastive_loss_function(con_logits, y)``
-       (each reduced with ``.mean()``; the second term only when the network returns contrastive logits;
-       ``contrastive_loss_function`` defaults to ``loss_function``). The paper's recipe: the asymmetric focal
-       loss on the classification logits plus 0.4 x binary cross-entropy on the contrastive logits, both with
-       the class-frequency positive weights.
-    5. A non-finite loss raises ``FloatingPointError`` naming the epoch and iteration, *before* the backward
-       pass and the optimizer step, so the weights stay those of the last finite iteration and training stops
-       (a ``CheckpointSaver`` keeps the last good checkpoint).
-    6. Backward (scaled by a ``GradScaler`` for float16 AMP only; bfloat16 needs none), optional clipping of
-       the gradient norm to ``grad_clip_norm`` (a non-finite norm without a scaler raises like 5.), optimizer
-       step; gradient accumulation as in ``SupervisedTrainer``.
+    With ``contrastive_weight > 0`` a network whose contrastive path is off is refused when the trainer is built and
+    again when it runs (:func:`check_contrastive_path`), before the first iteration.
 
-    ``engine.state.output`` holds ``image`` (the mixed images), ``label`` (the targets the loss saw, mixed),
-    ``pred`` (the classification logits), ``loss`` (the total), ``loss_cls``, ``loss_con`` (its parts;
-    ``loss_con`` is 0 without a contrastive path), and ``mixup_lambda`` / ``mixup_index`` when the batch was
-    mixed. When an epoch starts, the trainer calls ``set_epoch(epoch)`` on the data loader's sampler if it has
-    one (MONAI does this only for distributed samplers), so weighted samplers draw a new, reproducible set of
-    frames each epoch.
+    ``engine.state.output`` holds ``image``, ``label`` (mixed), ``pred``, ``loss``, ``loss_cls``, ``loss_con`` and,
+    when mixed, ``mixup_lambda`` / ``mixup_index``. Each epoch calls the sampler's ``set_epoch`` if it has one.
 
     Args:
         device, max_epochs, train_data_loader, network, optimizer, loss_function, epoch_length, non_blocking,
@@ -200,6 +199,7 @@ class VCETrainer(SupervisedTrainer):
             raise ValueError(f"contrastive_weight must be >= 0, got {contrastive_weight}")
         if grad_clip_norm is not None and grad_clip_norm <= 0:
             raise ValueError(f"grad_clip_norm must be positive or None, got {grad_clip_norm}")
+        check_contrastive_path(network, contrastive_weight)
         super().__init__(
             device=device,
             max_epochs=max_epochs,
@@ -251,6 +251,7 @@ class VCETrainer(SupervisedTrainer):
 
     def run(self) -> None:  # type: ignore[override]
         """Run training; a gradient scaler is used for float16 autocast only (bfloat16 keeps float32's range)."""
+        check_contrastive_path(self.network, self.contrastive_weight)  # load_pretrained() may have turned it off
         use_scaler = self.amp and self.amp_dtype == torch.float16
         self.scaler = torch.amp.GradScaler(self.state.device.type) if use_scaler else None  # type: ignore[assignment]
         Workflow.run(self)  # skips Trainer.run, which would create a CUDA float16 scaler unconditionally

@@ -1,18 +1,5 @@
-"""Events and their files: the bottom floor every other package builds on.
-
-- :mod:`~monai_vce.events.units`: :class:`FrameUnits`, the two frame ids of a frame (``frame_index``,
-  ``frame_number``);
-- :mod:`~monai_vce.events.runs`: the one run-finding kernel and the gap rule of events;
-- :mod:`~monai_vce.events.composition`: per-frame label activity <-> events, and the confidence of events;
-- :mod:`~monai_vce.events.ground_truth`: the one ground-truth builder (the challenge's rule, from label rows);
-- :mod:`~monai_vce.events.validation`: validation, reading and writing of event JSON files;
-- :mod:`~monai_vce.events.metadata`: the frame units of an event file, recorded beside it (``<name>.meta.json``),
-  and the conversion of events between the two units;
-- :mod:`~monai_vce.events.probabilities`: the per-video probability files ``<video_id>.npz`` and the resume
-  of an interrupted inference.
-
-Importing this package loads numpy only (no torch, MONAI or ignite); it imports nothing of the package but
-:mod:`monai_vce.labels` and :mod:`monai_vce.utils`.
+"""Events and their files (floor 1): frame units, runs and the gap rule, composition, ground truth, event JSON,
+its units sidecar, per-video probability files. Imports numpy only.
 """
 
 from __future__ import annotations
@@ -29,7 +16,7 @@ from .composition import (
     run_confidence,
     runs_to_events,
 )
-from .ground_truth import ground_truth_events
+from .ground_truth import ground_truth_events, with_ground_truth
 from .metadata import (
     EVENTS_META_SUFFIX,
     convert_events,
@@ -87,6 +74,7 @@ __all__ = [
     "event_json",
     # ground truth
     "ground_truth_events",
+    "with_ground_truth",
     # event JSON
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_EVENTS",

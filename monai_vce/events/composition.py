@@ -1,22 +1,7 @@
-"""Event composition: per-frame label activity <-> events of the challenge's event JSON.
+"""Event composition: per-frame label activity <-> events of the challenge's event JSON, and the confidence of runs.
 
-Two compositions are offered by :func:`frames_to_events`:
-
-* ``"label_set"`` (the challenge's own): an event is a maximal run of consecutive frames carrying exactly
-  the same non-empty *set* of labels, so a new event starts wherever any label switches on or off. This is
-  how the Galar ground truth is built; predictions composed this way can match its fragmented segments.
-* ``"per_label"``: one event per maximal run of each label on its own.
-
-"Consecutive" means consecutive rows of the arrays, and ``frame_ids`` may have gaps (e.g. every 5th frame was
-classified). An event spans frame ids by the gap rule of :mod:`monai_vce.events.runs`, the rule of the
-challenge's ground truth: from the id of its first row to one frame before the id of the row after its run (the
-id of the last row at the end of the video), so a gap never ends an event. On gap-free ids an event spans the
-ids of its first and last rows.
-
-The confidence of a run (:func:`run_confidence`) is the one the decoder orders its events by and the decoder's
-tuning scores candidates with: each of the run's labels contributes the mean of its probability over the run's
-rows, and the labels' means are combined by a ranking rule (:data:`RANKINGS`). All steps are vectorised over
-frames and labels; Python only loops over the events it returns.
+``"label_set"`` (the challenge's) or ``"per_label"`` runs; events span frame ids by the gap rule of
+:mod:`monai_vce.events.runs`.
 """
 
 from __future__ import annotations
@@ -100,7 +85,7 @@ def compose_runs(
 
     Args:
         active: ``(T, 17)`` bool array in :data:`~monai_vce.labels.LABELS` order.
-        mode: ``"label_set"`` or ``"per_label"`` (see the module docstring).
+        mode: ``"label_set"`` or ``"per_label"`` (see ``docs/design/events.md``).
         keep_empty: in ``"label_set"`` mode, also return the runs of rows without any label (the challenge's
             ground truth lists them as events with an empty label list).
 

@@ -1,39 +1,27 @@
-"""The ground truth the challenge scores: events of a video built from its label rows.
-
-:func:`ground_truth_events` is the one ground-truth builder of the package. Evaluation, the validation metric,
-decoder tuning, :func:`monai_vce.data.build_ground_truth` (label CSVs -> event JSON) and the generated mini-Galar
-all build ground truth with it, from the rows of a video's labels CSV (``index`` or ``frame``, and the 0/1 label
-columns), not from the frames that survived datalist building, because the challenge builds its ground truth
-from those rows.
-
-The rule, that of the challenge's ground-truth script:
-
-1. the rows are ordered by frame id; a frame id listed twice keeps its first row;
-2. consecutive rows carrying the same set of labels form one event; a gap in the frame ids does not end it;
-3. an event spans from its first row's id to one frame before the next row's id (the last event of a video to
-   the last row's id): frames without a row belong to the event before them (the gap rule of
-   :mod:`monai_vce.events.runs`);
-4. label lists are sorted by name; rows without any label form events with an empty label list, as in the
-   challenge's file (they take part in no label's score; ``keep_empty=False`` leaves them out).
+"""The ground truth the challenge scores: :func:`ground_truth_events`, the one builder of a video's events from its
+label rows (the rule of the challenge's ground-truth script).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from monai_vce.labels import NUM_LABELS
 
-from .composition import compose_runs, runs_to_events
+from .composition import compose_runs, events_to_frames, runs_to_events
+from .probabilities import Video
+from .units import FrameUnits
 
-__all__ = ["ground_truth_events"]
+__all__ = ["ground_truth_events", "with_ground_truth"]
 
 
 def ground_truth_events(
     frame_ids: np.ndarray, labels: np.ndarray, keep_empty: bool = True, video_id: str | None = None
 ) -> list[dict[str, Any]]:
-    """The challenge's ground-truth events of one video, from its label rows (see the module docstring).
+    """The challenge's ground-truth events of one video, from its label rows (see ``docs/design/events.md``).
 
     Args:
         frame_ids: ``(R,)`` integer frame id of each row (``index`` for frame-index units, ``frame`` for
@@ -68,3 +56,19 @@ def ground_truth_events(
         raise ValueError(f"{where}frame ids must be non-negative, got {int(ids[0])}")
     start, stop, member = compose_runs(lab[order] >= 0.5, "label_set", keep_empty=keep_empty)
     return runs_to_events(ids, start, stop, member)
+
+
+def with_ground_truth(video: Video, events: Sequence[Mapping[str, Any]], frame_units: FrameUnits | str) -> Video:
+    """A copy of ``video`` with its ground-truth ``events`` (in ``frame_units``) and the ``targets`` they mark.
+
+    This is where ground truth meets rows: the frame ids of ``frame_units`` are picked once, and every consumer
+    (decoder tuning, refiner fitting) reads ``events`` with those ids and ``targets`` by row.
+
+    Raises:
+        ValueError: an event that is not a valid event (the message names the video).
+    """
+    try:
+        targets = events_to_frames(events, video.frame_ids(frame_units)).astype(np.float32)
+    except ValueError as e:
+        raise ValueError(f"video {video.video_id!r}: {e}") from None
+    return video.replace(events=list(events), targets=targets)

@@ -1,19 +1,5 @@
-"""The frame units of an event file, recorded beside it, and the conversion of events between the two units.
-
-The challenge format holds only ``{"videos": [...]}`` (:func:`~monai_vce.events.validate_events` and the
-challenge's scorer take no other top-level key), so the units an event file counts its frames in are recorded in a
-sidecar file next to it, ``<name>.meta.json`` (``events.json`` -> ``events.meta.json``)::
-
-    {"format": "monai-vce event file metadata", "version": 1, "events_file": "events.json",
-     "sha256": "<hash of events.json>", "frame_units": "frame_index",
-     "videos": {"1": {"frames": 300, "first": 0, "last": 299}}}
-
-``videos`` (optional) gives each video's number of frames and its first and last frame id in those units. The
-hash ties the sidecar to the exact file it describes: a sidecar whose event file was replaced since says nothing
-(:func:`read_frame_units` returns ``None`` and says why). Every event file the package writes gets one
-(:func:`~monai_vce.events.save_events` with ``frame_units``); the metric, the report and the review read it, refuse
-to compare files in different units, or convert one into the other's units with the frame ids of the probability
-files (:func:`convert_events`, which hold both ids of every frame).
+"""The frame units of an event file, in a sidecar ``<name>.meta.json`` tied to it by SHA-256, and the conversion of
+events between the two units.
 """
 
 from __future__ import annotations
@@ -45,6 +31,7 @@ __all__ = [
     "convert_events",
     "recorded_frame_units",
     "frame_id_maps",
+    "events_in_common_units",
 ]
 
 logger = logging.getLogger(__name__)
@@ -234,3 +221,42 @@ def frame_id_maps(probs_dir: PathLike, events: Mapping[str, Any]) -> dict[str, t
         video = load_video_probs(probability_file(probs_dir, v["video_id"]))
         out[str(v["video_id"])] = (video.frame_index, video.frame_number)
     return out
+
+
+def events_in_common_units(
+    pred: Any,
+    pred_obj: Mapping[str, Any],
+    gt: Any = None,
+    frame_units: FrameUnits | str | None = None,
+    probs_dir: PathLike | None = None,
+    source: str = "prediction",
+) -> tuple[dict[str, Any], FrameUnits]:
+    """The frame units to read a prediction and its ground truth in, and the prediction in those units.
+
+    The units are ``frame_units`` when given (the override for files without a sidecar), else those recorded
+    beside the ground truth, else beside the prediction, else ``frame_index``.
+
+    Args:
+        pred: the prediction as given (path or object; only a path has recorded units).
+        pred_obj: the prediction's parsed event object.
+        gt: the ground truth as given (path, object or ``None``).
+        frame_units: the units the caller states, or ``None``.
+        probs_dir: probability files holding both ids of every frame, to convert the prediction.
+        source: the prediction's name in messages.
+
+    Raises:
+        ValueError: a file records other units than ``frame_units``, or the prediction records other units than
+            the ground truth and ``probs_dir`` is not given.
+    """
+    pred_units = recorded_frame_units(pred, frame_units, "prediction")
+    gt_units = recorded_frame_units(gt, frame_units, "ground truth") if gt is not None else None
+    units = as_frame_units(frame_units or gt_units or pred_units or FrameUnits.FRAME_INDEX)
+    if pred_units is None or pred_units is units:
+        return dict(pred_obj), units
+    if probs_dir is None:
+        gt_name = gt if isinstance(gt, (str, os.PathLike)) else "object"
+        raise ValueError(
+            f"frame units differ: the prediction {describe_events_file(source, pred_units)}, the ground truth "
+            f"{describe_events_file(gt_name, units)}; give the probability files (--probs-dir) to convert"
+        )
+    return convert_events(pred_obj, pred_units, units, frame_id_maps(probs_dir, pred_obj), source), units

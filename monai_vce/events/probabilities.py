@@ -1,40 +1,8 @@
-"""Per-video probability files: ``<video_id>.npz`` with the frame probabilities of one video.
+"""Per-video probability files ``<video_id>.npz``: the one reader, the one writer, the video id -> file name rule,
+and the resume of an interrupted inference.
 
-The format, shared by every reader and writer of the package (the inference writer, evaluation, reports, the
-resume of an interrupted inference):
-
-==================  ==========================  ==================================================
-key                 array                       meaning
-==================  ==========================  ==================================================
-``probs``           float32 ``(T, 17)``         probabilities in :data:`~monai_vce.labels.LABELS` order
-``frame_index``     int64 ``(T,)``              frame ids in ``frame_index`` units, increasing
-``frame_number``    int64 ``(T,)``              frame ids in ``frame_number`` units
-``labels``          str ``(17,)``               the label names, :data:`~monai_vce.labels.LABELS`
-``video_id``        str ``()``, optional        the video id (files of earlier versions lack it)
-``source``          str ``()``, optional        what wrote the file (:func:`model_fingerprint`)
-``features``        float16 ``(T, D)``, opt.    the pooled image feature of each frame
-``inferred``        bool ``(T,)``, optional     frames that went through the network (reduced
-                                                inference; the others were filled in); absent:
-                                                every frame was inferred
-==================  ==========================  ==================================================
-
-Files are written atomically, so a file that exists is complete. :func:`video_file_name` is the one place where a
-video id becomes a file name (of every per-video file: probability files, report timelines, review pages, frame
-cache entries); :func:`load_video_probs` is the one reader (it checks every key above and names the file and the key
-in its errors); :func:`save_video_probs` the one writer.
-
-**Video ids and file names.** A video id is any non-empty string: ids with blanks, accents, slashes or ``..`` are
-legal and never become paths. The file name keeps ASCII letters, digits, ``-``, ``_`` and ``.`` and writes every
-other character as ``%XX`` (the bytes of its UTF-8 encoding, as in URLs; ``%`` itself becomes ``%25`` and a leading
-``.`` becomes ``%2E``, so that no name is hidden or ``..``). So ``1`` and ``ukdd_navi_00051`` keep their names,
-``a/b`` becomes ``a%2Fb``, ``a b`` becomes ``a%20b``, and different ids always get different names (``a/b`` and
-``a_b`` do not collide); the file also keeps the id itself (``video_id``). Ids whose name would exceed 200
-characters, and ids that differ only in case (their files would be one file on case-insensitive file systems such
-as macOS's and Windows'), are refused with a one-line error (:func:`check_video_ids`).
-
-**Resume.** A probability file is reused by a rerun only when it holds exactly the frames the datalist lists for
-its video (the same ``frame_index`` and ``frame_number`` ids, not only as many) and was written from the same model
-(:func:`completed_videos`), so a video whose frames were renumbered, added or removed is inferred again.
+Keys: ``probs`` (T, 17) float32, ``frame_index``, ``frame_number``, ``labels``, ``video_id``, ``source``, optional
+``features``, ``inferred``.
 """
 
 from __future__ import annotations
@@ -87,11 +55,11 @@ _MAX_STEM = 200
 
 
 class Video:
-    """The frames of one video: probabilities, both frame ids and, when known, targets and features.
+    """The frames of one video: probabilities, both frame ids and, when known, targets, features and events.
 
-    Rows are sorted by ``frame_index`` with duplicate frames dropped. It is the in-memory form of a probability
-    file (:func:`load_video_probs`, :func:`save_video_probs`) and what
-    :class:`~monai_vce.handlers.VideoFrameCollector` assembles from an engine's outputs.
+    Rows are sorted by ``frame_index`` with duplicate frames dropped; rows are the time axis of every consumer
+    (decoding, tuning, refiner fitting), and frame ids are picked in one unit only at the edges
+    (:meth:`frame_ids`). It is the in-memory form of a probability file (:func:`load_video_probs`).
 
     Attributes:
         video_id: the video id.
@@ -103,9 +71,21 @@ class Video:
         source: what produced the probabilities (``""`` when unknown).
         inferred: ``(T,)`` bool mask of the frames that went through the network (reduced inference), or
             ``None`` when every frame did.
+        events: the ground-truth events, in the frame units of whoever attached them
+            (:func:`~monai_vce.events.ground_truth.with_ground_truth`), or ``None``.
     """
 
-    __slots__ = ("features", "frame_index", "frame_number", "inferred", "probs", "source", "targets", "video_id")
+    __slots__ = (
+        "events",
+        "features",
+        "frame_index",
+        "frame_number",
+        "inferred",
+        "probs",
+        "source",
+        "targets",
+        "video_id",
+    )
 
     def __init__(
         self,
@@ -117,6 +97,7 @@ class Video:
         features: np.ndarray | None = None,
         source: str = "",
         inferred: np.ndarray | None = None,
+        events: list[dict[str, Any]] | None = None,
     ) -> None:
         self.video_id = video_id
         self.probs = probs
@@ -126,15 +107,19 @@ class Video:
         self.features = features
         self.source = source
         self.inferred = inferred
-
-    @property
-    def labels(self) -> np.ndarray | None:
-        """Former name of :attr:`targets`."""
-        return self.targets
+        self.events = events
 
     def frame_ids(self, frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX) -> np.ndarray:
         """The ``(T,)`` frame ids in ``frame_units`` (``"frame_index"`` or ``"frame_number"``)."""
         return self.frame_index if as_frame_units(frame_units) is FrameUnits.FRAME_INDEX else self.frame_number
+
+    def replace(self, **changes: Any) -> Video:
+        """A shallow copy with the given attributes replaced."""
+        fields = {k: getattr(self, k) for k in self.__slots__}
+        unknown = set(changes) - set(fields)
+        if unknown:
+            raise TypeError(f"Video has no attribute(s) {sorted(unknown)}")
+        return Video(**{**fields, **changes})
 
     def __len__(self) -> int:
         return int(self.frame_index.shape[0])
@@ -268,8 +253,7 @@ def load_video_probs(path: PathLike, features: bool = False, video_id: str | Non
     """Read and check one probability file (the one reader of the format).
 
     Args:
-        path: the ``.npz`` file; the video id is the one it stores (files of earlier versions: the one its name
-            was made from, see :func:`video_file_name`).
+        path: the ``.npz`` file; the video id is the one it stores.
         features: also read the optional ``features`` array (``None`` when the file has none).
         video_id: the video the file must hold; a file of another video (copied or renamed) is refused.
 
@@ -290,7 +274,7 @@ def load_video_probs(path: PathLike, features: bool = False, video_id: str | Non
             data = {k: z[k] for k in keys if k in z.files}
     except Exception as e:  # zipfile / numpy raise several kinds on a damaged or pickled file
         raise ValueError(f"probability file {path} is unreadable: {type(e).__name__}: {e}") from None
-    missing = [k for k in ("probs", "frame_index", "frame_number", "labels") if k not in data]
+    missing = [k for k in ("probs", "frame_index", "frame_number", "labels", "video_id", "source") if k not in data]
     if missing:
         raise ValueError(f"probability file {path}: missing key{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
     probs = data["probs"]
@@ -316,15 +300,10 @@ def load_video_probs(path: PathLike, features: bool = False, video_id: str | Non
             f"probability file {path}: 'inferred' must be {T} booleans (one per row of 'probs'), "
             f"got {inferred.dtype} {inferred.shape}"
         )
-    stored = data.get("video_id")
-    if stored is not None:
-        if stored.shape != () or stored.dtype.kind != "U" or not str(stored):
-            raise ValueError(f"probability file {path}: 'video_id' must be one non-empty string")
-        vid = str(stored)
-    else:
-        vid = video_id_of_file_name(path.name) or (
-            path.name[: -len(PROBS_SUFFIX)] if path.name.endswith(PROBS_SUFFIX) else path.stem
-        )
+    stored = data["video_id"]
+    if stored.shape != () or stored.dtype.kind != "U" or not str(stored):
+        raise ValueError(f"probability file {path}: 'video_id' must be one non-empty string")
+    vid = str(stored)
     if video_id is not None and vid != str(video_id):
         raise ValueError(
             f"probability file {path} holds video {short_repr(vid, 60)}, not {short_repr(str(video_id), 60)} "
@@ -336,7 +315,7 @@ def load_video_probs(path: PathLike, features: bool = False, video_id: str | Non
         data["frame_index"].astype(np.int64, copy=False),
         data["frame_number"].astype(np.int64, copy=False),
         features=feats,
-        source=str(data["source"]) if "source" in data else "",
+        source=str(data["source"]),
         inferred=inferred,
     )
 

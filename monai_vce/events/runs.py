@@ -1,20 +1,5 @@
-"""Runs along time: the one run-finding kernel of the package, and the gap rule that turns runs into events.
-
-Every step that works on runs of frames (the decoder's gap filling and minimum length, event composition,
-ground-truth building, decoder tuning, timeline resampling) finds them here:
-
-- :func:`run_bounds`: the runs of ``True`` (or ``False``) in every column of a ``(T, C)`` mask, optionally split
-  where ``breaks`` says a new run starts;
-- :func:`value_runs`: the runs of equal values of a 1-D array (e.g. one integer code per frame);
-- :func:`run_spans`: the gap rule, the inclusive frame ids ``[start, end]`` an event spans when its run covers
-  rows ``start`` to ``stop - 1``.
-
-The gap rule, as the challenge builds its ground truth from the label rows of a video: rows are the frames in
-increasing frame-id order; an event starts at the id of its first row and ends one frame before the id of the
-next row (the row after its run, whatever labels that row carries); the last run of a video ends at the id of
-the video's last row. So frames missing from the rows (a gap in the frame ids) belong to the event before them,
-and a gap never ends an event. On gap-free ids (``frame_ids[i + 1] == frame_ids[i] + 1``) an event simply
-spans the ids of its first and last rows.
+"""Runs along time: the one run-finding kernel (:func:`run_bounds`, :func:`value_runs`) and the challenge's gap rule
+(:func:`run_spans`): an event ends one frame before the next row's id.
 """
 
 from __future__ import annotations
@@ -80,7 +65,7 @@ def value_runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def run_spans(frame_ids: np.ndarray, start: np.ndarray, stop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Inclusive frame ids spanned by runs of rows under the gap rule (see the module docstring).
+    """Inclusive frame ids spanned by runs of rows under the gap rule (see ``docs/design/events.md``).
 
     Args:
         frame_ids: ``(T,)`` strictly increasing frame ids of the rows.

@@ -1,14 +1,9 @@
-"""Frame units: which frame id of a datalist item events count in.
-
-A Galar frame has two ids (see :mod:`monai_vce.data.galar`): ``frame_index``, the label CSV's ``index`` column
-(the units of the challenge's ground truth), and ``frame_number``, the number in the image file name. The two
-differ in some videos (video 1: index 20 is frame 100). :class:`FrameUnits` names them by the datalist keys
-that hold them, so ``item[units]`` is the id of an item in those units.
+"""Frame units: which frame id of a datalist item events count in, ``frame_index`` (the label CSV's ``index``) or
+``frame_number`` (the image file's number).
 """
 
 from __future__ import annotations
 
-import warnings
 from enum import Enum
 
 __all__ = ["MAX_FRAME_ID", "FrameUnits", "as_frame_units"]
@@ -29,16 +24,11 @@ class FrameUnits(str, Enum):
         return self.value
 
 
-#: Values accepted for one release, with a ``DeprecationWarning``, and what they mean now.
-_DEPRECATED = {"index": FrameUnits.FRAME_INDEX}
-
-
 def as_frame_units(value: FrameUnits | str, name: str = "frame_units") -> FrameUnits:
     """Return ``value`` as a :class:`FrameUnits`.
 
     Args:
-        value: a :class:`FrameUnits` or its value (``"frame_index"``, ``"frame_number"``). The former value
-            ``"index"`` still means ``"frame_index"`` for one release, with a ``DeprecationWarning``.
+        value: a :class:`FrameUnits` or its value (``"frame_index"``, ``"frame_number"``).
         name: the argument or key named in messages.
 
     Raises:
@@ -46,14 +36,6 @@ def as_frame_units(value: FrameUnits | str, name: str = "frame_units") -> FrameU
     """
     if isinstance(value, FrameUnits):
         return value
-    if isinstance(value, str) and value in _DEPRECATED:
-        new = _DEPRECATED[value]
-        warnings.warn(
-            f"{name}={value!r} is deprecated and will be removed in the next release; use {new.value!r}",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        return new
     try:
         return FrameUnits(value)
     except ValueError:

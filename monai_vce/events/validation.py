@@ -1,14 +1,6 @@
 """Validation, reading and writing of event JSON files (the RARE-VISION challenge format).
 
-The format (inclusive frames, ``label`` always a list of names from :data:`monai_vce.labels.LABELS`)::
-
-    {"videos": [{"video_id": "1",
-                 "events": [{"start": 20, "end": 164, "label": ["mouth"]}]}]}
-
-:func:`validate_events` lists every problem of a file, one message each, naming the video and the event
-position; :func:`check_events` raises them as one ``ValueError``; :func:`load_events` reads a file with
-bounded memory and clear errors; :func:`save_events` converts, validates and writes atomically, so that an
-invalid file is never written.
+``{"videos": [{"video_id": "1", "events": [{"start": 20, "end": 164, "label": ["mouth"]}]}]}``, inclusive frames.
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
-"""Ignite handlers and metrics of the bundle: the per-video collector of validation and inference outputs, the
-temporal mAP metric, event writing, per-frame features, F1 thresholds, decoder tuning, checkpoints, EMA, progress."""
+"""Ignite handlers and metrics of the bundle: they collect and save (per-video collector, probability files,
+features, F1 thresholds, decoder tuning, checkpoints, EMA, progress).
+"""
 
 from __future__ import annotations
 
 from .checkpoint import AtomicCheckpointSaver, AtomicDiskSaver, BestMetricState, VCECheckpointLoader
 from .decoder_tuning import DecoderTuningHandler
 from .ema import EMAWeights
-from .event_writer import TemporalEventWriter, load_video_probs
 from .features import FrameFeatureCapture
 from .frame_metrics import MultiLabelAveragePrecision
+from .probability_writer import ProbabilityWriter
 from .progress import FrameProgressHandler
 from .temporal_map_metric import HeldOutDecoder, TemporalMAPMetric, threshold_decoder
 from .thresholds import ThresholdOptimizationHandler
@@ -21,10 +22,9 @@ __all__ = [
     "VCECheckpointLoader",
     "DecoderTuningHandler",
     "EMAWeights",
-    "TemporalEventWriter",
+    "ProbabilityWriter",
     "FrameFeatureCapture",
     "VideoFrameCollector",
-    "load_video_probs",
     "MultiLabelAveragePrecision",
     "FrameProgressHandler",
     "TemporalMAPMetric",

@@ -1,20 +1,5 @@
-"""A ``CheckpointSaver`` whose files are never half-written and never missing.
-
-MONAI's ``CheckpointSaver`` writes with ignite's ``DiskSaver(atomic=False)``, and ignite's ``Checkpoint``
-deletes the previous file *before* writing the new one when it replaces a checkpoint of the same name. A run
-killed during a save (SIGKILL, power loss) can therefore leave a truncated checkpoint or none at all.
-:class:`AtomicCheckpointSaver` keeps MONAI's arguments and behaviour but writes every file through
-:func:`monai_vce.utils.atomic_write_bytes` (temporary file in the same folder, ``fsync``, ``os.replace``), and
-a file replaced under the same name is only swapped once the new one is complete. It also accepts a fixed file
-name for the interval checkpoint (``interval_filename``), so that resuming always reads the same path, e.g.
-``checkpoint_last.pt``.
-
-:class:`VCECheckpointLoader` is MONAI's ``CheckpointLoader`` (``weights_only=True`` loading) whose errors on a
-checkpoint that does not fit the network name the file and, for another number of classes, both class counts; it
-checks the file first (empty, truncated, a safetensors file under a ``.pt`` name, weights of an integer or bool
-type), each with a one-line error naming the file.
-:class:`BestMetricState` puts the validator's best key metric (and its epoch) and the best-model saver's
-memory into the training checkpoint, so that a resumed run only replaces ``model.pt`` with a better model.
+"""Checkpoint handlers: :class:`AtomicCheckpointSaver` (files never half-written or missing),
+:class:`VCECheckpointLoader` (one-line errors naming the file), :class:`BestMetricState` (best metric in resumes).
 """
 
 from __future__ import annotations

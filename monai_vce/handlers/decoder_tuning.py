@@ -1,23 +1,5 @@
-"""An ignite handler that fits the event decoder on the validation videos and saves its parameters.
-
-Attached to the validation evaluator, :class:`DecoderTuningHandler` reads the validation videos (probabilities,
-frame ids and ground truth) from a :class:`~monai_vce.handlers.VideoFrameCollector` and fits every decoder
-parameter by maximising the temporal mAP of the decoded events against the videos' ground truth
-(:func:`monai_vce.postprocessing.tune_decoder`).
-
-It does the decoder fitting of a validation, once:
-
-- the held-out decoding of the validation metric (:meth:`DecoderTuningHandler.held_out_events`): the videos are
-  dealt into ``folds`` folds and each fold is decoded with the decoder fitted on the other folds, so that
-  :class:`~monai_vce.handlers.TemporalMAPMetric` scores the model with a tuned decoder without scoring a video
-  with parameters fitted on it; one fit per fold, computed once per validation whoever asks;
-- the parameters saved for inference: fitted on every validation video, only when they are written (by default
-  at validations where the key metric improved, so they belong to the saved best model), next to the checkpoint
-  (``decoder.json``), where inference reads them.
-
-Each fit starts from the F1-optimal thresholds of the frames it is fitted on when ``thresholds`` (the
-validation's :class:`~monai_vce.handlers.ThresholdOptimizationHandler`) is given: the fold fits from their own
-folds' frames, the saved fit from the thresholds that handler computed on every validation frame.
+"""An ignite handler that fits the event decoder on the validation videos: held-out (cross-fitted) decoding for the
+metric, and ``decoder.json`` fitted on all of them.
 """
 
 from __future__ import annotations
@@ -25,7 +7,6 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,10 +19,9 @@ from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import LABELS
 from monai_vce.postprocessing.decoder import DecoderParams
 from monai_vce.postprocessing.tuning import cross_fitted_events, tune_decoder
-from monai_vce.utils import renamed_arguments
 
 from .thresholds import ThresholdOptimizationHandler
-from .video_collector import DecodingInput, VideoFrameCollector
+from .video_collector import VideoFrameCollector
 
 Events, _ = optional_import("ignite.engine", IgniteInfo.OPT_IMPORT_VERSION, min_version, "Events")
 idist, _ = optional_import("ignite", IgniteInfo.OPT_IMPORT_VERSION, min_version, "distributed")
@@ -63,26 +43,23 @@ class DecoderTuningHandler:
     Args:
         params_file: the decoder-parameter JSON to write (atomically), e.g. ``<ckpt_dir>/decoder.json``.
         write_on: ``"best"`` (default): fit and write the parameters only at validations where the evaluator's
-            key metric improved, so they match the best checkpoint; ``"always"``: at every validation. Formerly
-            ``when``.
+            key metric improved, so they match the best checkpoint; ``"always"``: at every validation.
         frame_units: frame ids the tuned decoder will receive, ``"frame_index"`` or ``"frame_number"``; recorded
             in the parameters (``frame_units``) so that inference decodes in the same units. ``None``: the
-            collector's. Formerly ``units``.
+            collector's.
         thresholds: the validation's :class:`~monai_vce.handlers.ThresholdOptimizationHandler`; every fit then
             starts from F1-optimal per-class thresholds (``DecoderParams.from_thresholds``) instead of 0.5, which
             matters for losses such as the asymmetric focal loss whose probabilities are not centred on 0.5.
             ``None`` starts from the defaults.
         tune_kwargs: more keyword arguments for ``tune_fn`` (grids, rounds, ...).
-        tune_fn: the fitting function ``({video_id: (probs, frame_ids, gt_events)}, **tune_kwargs) ->
-            DecoderParams``; default :func:`monai_vce.postprocessing.tune_decoder`.
+        tune_fn: the fitting function ``({video_id: Video}, **tune_kwargs) -> DecoderParams`` (the videos carry
+            their ground-truth ``events`` in ``frame_units``); default :func:`monai_vce.postprocessing.tune_decoder`.
         folds: folds of the held-out decoding (:meth:`held_out_events`).
         seed: seed of the fold assignment.
         collector: the validation's shared :class:`~monai_vce.handlers.VideoFrameCollector`; ``None`` creates
             one (with ``pred_key``, ``label_key``) and attaches it with this handler.
         pred_key: key of the ``(B, 17)`` probabilities in the engine output, for an own collector.
         label_key: key of the ``(B, 17)`` targets in the engine output (or the batch), for an own collector.
-        thresholds_key: deprecated: the name of an ``engine.state`` attribute holding starting thresholds (the
-            former, handler-order-dependent way); use ``thresholds``.
         name: logger name (``None``: the engine's logger).
 
     Attributes:
@@ -91,7 +68,6 @@ class DecoderTuningHandler:
             the parameters are written).
     """
 
-    @renamed_arguments(when="write_on", units="frame_units")
     def __init__(
         self,
         params_file: str | os.PathLike,
@@ -105,7 +81,6 @@ class DecoderTuningHandler:
         collector: VideoFrameCollector | None = None,
         pred_key: str = "pred",
         label_key: str = "label",
-        thresholds_key: str | None = None,
         name: str | None = None,
     ) -> None:
         if write_on not in _WRITE_ON:
@@ -120,20 +95,11 @@ class DecoderTuningHandler:
                 f"frame_units {units.value!r} differs from the collector's {collector.frame_units.value!r}: the "
                 "decoder would be fitted in other units than the ground truth it is scored against"
             )
-        if thresholds_key is not None:
-            warnings.warn(
-                "DecoderTuningHandler(thresholds_key=...) reads thresholds from engine.state, which depends on the "
-                "order of the handlers; it is deprecated and will be removed in the next release: pass the "
-                "ThresholdOptimizationHandler as thresholds=...",
-                DeprecationWarning,
-                stacklevel=2,
-            )
         self.params_file = Path(params_file)
         self.write_on = write_on
         self.collector = collector
         self.frame_units = collector.frame_units
         self.thresholds = thresholds
-        self.thresholds_key = thresholds_key
         self.tune_kwargs = dict(tune_kwargs or {})
         self.tune_fn = tune_fn if tune_fn is not None else tune_decoder
         self.folds = int(folds)
@@ -159,8 +125,8 @@ class DecoderTuningHandler:
             thresholds = {name: float(t) for name, t in zip(LABELS, values, strict=True)}
         return DecoderParams.from_thresholds(thresholds)
 
-    def fit(self, videos: Mapping[str, DecodingInput], thresholds: Any = None) -> DecoderParams:
-        """Fit the decoder on ``videos`` (``{video_id: (probs, frame_ids, gt_events)}``).
+    def fit(self, videos: Mapping[str, Video], thresholds: Any = None) -> DecoderParams:
+        """Fit the decoder on ``videos`` (``{video_id: Video}`` with ground-truth events in ``frame_units``).
 
         Args:
             videos: the videos to fit on.
@@ -177,7 +143,7 @@ class DecoderTuningHandler:
         params = result[0] if isinstance(result, tuple) else result
         return params if isinstance(params, DecoderParams) else DecoderParams(params)
 
-    def _fold_fit(self, train: dict[str, DecodingInput]) -> DecoderParams:
+    def _fold_fit(self, train: dict[str, Video]) -> DecoderParams:
         thresholds = None
         if self.thresholds is not None:
             videos = self.collector.videos()
@@ -186,14 +152,16 @@ class DecoderTuningHandler:
             thresholds = self.thresholds.fit(probs, targets)[0]
         return self.fit(train, thresholds)
 
-    def held_out_events(self, inputs: Mapping[str, DecodingInput]) -> dict[str, list[dict[str, Any]]] | None:
+    def held_out_events(self, inputs: Mapping[str, Video]) -> dict[str, list[dict[str, Any]]] | None:
         """Every validation video decoded with the decoder fitted on the other folds (``None``: too few videos).
 
         Computed once per validation (the collector's epoch), whoever asks first.
         """
         generation = self.collector.generation
         if self._held_out is None or self._held_out[0] != generation:
-            events = cross_fitted_events(inputs, folds=self.folds, seed=self.seed, fit=self._fold_fit)
+            events = cross_fitted_events(
+                inputs, folds=self.folds, seed=self.seed, fit=self._fold_fit, frame_units=self.frame_units
+            )
             self._held_out = (generation, events)
         return self._held_out[1]
 
@@ -207,17 +175,12 @@ class DecoderTuningHandler:
         if not self._should_write(engine):
             return
         # on every rank: the first request of an epoch gathers the ranks' frames
-        inputs = self.collector.decoding_inputs()
-        if self.thresholds is not None:
-            thresholds = self.thresholds.thresholds()
-        elif self.thresholds_key is not None:
-            thresholds = getattr(engine.state, self.thresholds_key, None)
-        else:
-            thresholds = None
+        inputs = self.collector.labelled_videos()
+        thresholds = self.thresholds.thresholds() if self.thresholds is not None else None
         if idist.get_rank() == 0 and inputs:
             self.fit_and_save(inputs, thresholds)
 
-    def fit_and_save(self, inputs: Mapping[str, DecodingInput], thresholds: Any = None) -> DecoderParams:
+    def fit_and_save(self, inputs: Mapping[str, Video], thresholds: Any = None) -> DecoderParams:
         """Fit the decoder on every video of ``inputs`` and write ``params_file``; returns the parameters."""
         params = self.fit(inputs, thresholds)
         self.params_file.parent.mkdir(parents=True, exist_ok=True)

@@ -1,13 +1,5 @@
-"""Per-frame features from the frame model's own forward pass, for the probability files and the temporal refiner.
-
-:class:`FrameFeatureCapture` records, during an evaluator's forward pass, the input of the network's
-classification head: the pooled ``(B, D)`` image feature the heads consume (for
-:class:`~monai_vce.networks.DiffAttnCLIPClassifier`, the output of its image tower, as
-:meth:`~monai_vce.networks.DiffAttnCLIPClassifier.forward_features` computes it). A forward pre-hook reads it, so
-no second forward pass runs and the network itself is unchanged (``forward`` still returns logits only, for
-MONAI's inferers, TorchScript and MONAI Deploy). After the forward pass it puts the features into the engine
-output (``engine.state.output["features"]``), where :class:`~monai_vce.handlers.VideoFrameCollector` collects
-them with the probabilities.
+"""Per-frame features from the frame model's own forward pass (the input of its head, read by a pre-hook), put
+into ``engine.state.output["features"]``.
 """
 
 from __future__ import annotations
@@ -46,7 +38,7 @@ def unwrap_network(network: nn.Module) -> nn.Module:
 
 
 class FrameFeatureCapture:
-    """Puts the per-frame features the network's head consumes into the engine output (see the module docstring).
+    """Puts the per-frame features the network's head consumes into the engine output (see ``docs/design/training.md``).
 
     Args:
         module: name of the network's submodule whose first input is the pooled ``(B, D)`` per-frame feature

@@ -1,9 +1,5 @@
-"""Frame-level multi-label average precision as an ignite metric, per class and averaged over present classes.
-
-MONAI's ``AveragePrecision`` handler records only a scalar, and its macro average is NaN as soon as one class
-has no positive frame in the validation set (common for rare capsule findings). This metric averages over the
-classes that have positives and keeps the per-class values, keyed by label name, in
-``engine.state.metric_details[name]`` (MONAI's convention for metric details).
+"""Frame-level multi-label average precision as an ignite metric, averaged over present classes, per-class values in
+``engine.state.metric_details``.
 """
 
 from __future__ import annotations

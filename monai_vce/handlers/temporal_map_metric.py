@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -16,13 +14,14 @@ from ignite.exceptions import NotComputableError
 from ignite.metrics import Metric
 from monai.handlers.utils import from_engine
 
-from monai_vce.events import event_json, frames_to_events, save_events
+from monai_vce.events import event_json, frames_to_events
+from monai_vce.events.probabilities import Video
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.metrics.temporal_map import temporal_map, tiou_key
 from monai_vce.postprocessing.tuning import cross_fitted_events
-from monai_vce.utils import natural_key, renamed_arguments
+from monai_vce.utils import natural_key
 
-from .video_collector import DecodingInput, VideoFrameCollector, _ids, to_numpy
+from .video_collector import VideoFrameCollector, _ids, to_numpy
 
 __all__ = ["TemporalMAPMetric", "HeldOutDecoder", "threshold_decoder"]
 
@@ -39,7 +38,7 @@ class HeldOutDecoder(Protocol):
     fits, from the tuner's own fits.
     """
 
-    def held_out_events(self, inputs: Mapping[str, DecodingInput]) -> Mapping[str, list[dict[str, Any]]] | None:
+    def held_out_events(self, inputs: Mapping[str, Video]) -> Mapping[str, list[dict[str, Any]]] | None:
         """``{video_id: events}``, or ``None`` when the videos are too few to hold any out."""
         ...
 
@@ -58,46 +57,22 @@ def threshold_decoder(probs: np.ndarray, frame_ids: np.ndarray, threshold: float
 class _CrossFitted:
     """``decoder="cross_fitted"``: :func:`~monai_vce.postprocessing.tuning.cross_fitted_events` with defaults."""
 
-    def __init__(self, folds: int, tune_kwargs: Mapping[str, Any]) -> None:
+    def __init__(self, folds: int, tune_kwargs: Mapping[str, Any], frame_units: FrameUnits) -> None:
         self.folds = folds
         self.tune_kwargs = dict(tune_kwargs)
+        self.frame_units = frame_units
 
-    def held_out_events(self, inputs: Mapping[str, DecodingInput]) -> Mapping[str, list[dict[str, Any]]] | None:
-        return cross_fitted_events(inputs, folds=self.folds, **self.tune_kwargs)
+    def held_out_events(self, inputs: Mapping[str, Video]) -> Mapping[str, list[dict[str, Any]]] | None:
+        return cross_fitted_events(inputs, folds=self.folds, frame_units=self.frame_units, **self.tune_kwargs)
 
 
 class TemporalMAPMetric(Metric):
     """Temporal mAP (the RARE-VISION challenge's) of whole validation videos, as an ignite metric.
 
-    The frames of each validation video are assembled by a :class:`~monai_vce.handlers.VideoFrameCollector`
-    (grouped by video, sorted by frame id, repeated frames dropped, gathered across ranks). Each video's ground
-    truth comes from the collector (:meth:`~monai_vce.handlers.VideoFrameCollector.decoding_inputs`: the labels
-    CSV's ground truth when the collector was given one, else the challenge's rule applied to the collected
-    targets), the predicted events from ``decoder``, and :func:`~monai_vce.metrics.temporal_map` scores them.
-
-    In the bundle the collector is the validation's shared one (``"collector": "@validate#collector"``), which
-    the F1 threshold optimiser and the decoder tuner read too; without ``collector`` the metric collects on its
-    own, and with MONAI's ``SupervisedEvaluator`` (``engine.state.output`` holds ``pred`` and ``label``; the
-    video id and frame id are keys of ``engine.state.batch``) the defaults work as they are::
-
-        from monai.engines import SupervisedEvaluator
-        from monai.transforms import Activationsd
-        from monai_vce.handlers import TemporalMAPMetric
-        from monai_vce.postprocessing import EventDecoder
-
-        evaluator = SupervisedEvaluator(
-            device, val_loader, net,
-            postprocessing=Activationsd(keys="pred", sigmoid=True),
-            key_val_metric={"val_temporal_mAP": TemporalMAPMetric(decoder=EventDecoder("decoder.json"))},
-        )
-
-    Held-out decoding. A decoder tuned on the validation videos scores the model as it will be used, but must not
-    score a video with parameters fitted on that video: ``decoder`` may be a :class:`HeldOutDecoder` (the bundle
-    passes its :class:`~monai_vce.handlers.DecoderTuningHandler`, which cross-fits the decoder it tunes), or
-    ``"cross_fitted"``: the validation videos are dealt into ``folds`` folds and each fold is decoded by
-    :func:`~monai_vce.postprocessing.tune_decoder` fitted on the other folds (``tune_kwargs`` are passed on). A
-    fixed decoder can rank epochs by how well the model happens to suit that decoder, which the cross-fitted
-    score does not. With fewer than ``folds`` videos it falls back to :func:`threshold_decoder`, with a warning.
+    Videos come from a :class:`~monai_vce.handlers.VideoFrameCollector` (the validation's shared one, or its
+    own), their events from ``decoder`` (a fixed decoder, a :class:`HeldOutDecoder` or ``"cross_fitted"``, so
+    that no video is scored by parameters fitted on it), and :func:`~monai_vce.metrics.temporal_map` scores them.
+    Works with MONAI's ``SupervisedEvaluator`` as ``key_val_metric``. Rationale: ``docs/design/metrics.md``.
 
     Args:
         decoder: callable ``(probs (T, 17), frame_ids (T,)) -> events`` (e.g. an
@@ -107,9 +82,9 @@ class TemporalMAPMetric(Metric):
         tune_kwargs: keyword arguments of :func:`~monai_vce.postprocessing.tune_decoder` for ``"cross_fitted"``
             (default: one round).
         tiou_threshold: the tIoU threshold of the value returned by :meth:`compute` (and stored under the
-            metric's name in ``engine.state.metrics``); formerly ``threshold``.
+            metric's name in ``engine.state.metrics``).
         tiou_thresholds: further tIoU thresholds, each stored as ``"<name>_tiou<t>"`` in ``engine.state.metrics``
-            (no ``@``: MLflow and TensorBoard accept only plain metric names); formerly ``thresholds``.
+            (no ``@``: MLflow and TensorBoard accept only plain metric names).
         sigmoid: apply a sigmoid to ``pred`` (when it holds logits rather than probabilities).
         output_transform: ``engine.state.output -> (pred, label)`` or ``(pred, label, video_ids, frame_ids)``;
             default ``monai.handlers.from_engine(["pred", "label"])``. Not used with ``collector``.
@@ -117,7 +92,7 @@ class TemporalMAPMetric(Metric):
             ``monai.handlers.from_engine([video_key, frame_units])``. Not used with ``collector``.
         video_key: batch key of the video id.
         frame_units: the frame ids events count in, ``"frame_index"`` or ``"frame_number"`` (also the batch key
-            of the frame ids); with ``collector``, the collector's units. Formerly ``frame_key``.
+            of the frame ids); with ``collector``, the collector's units.
         save_details: also store the full :func:`~monai_vce.metrics.temporal_map` result in
             ``engine.state.metric_details[name]`` (MONAI's convention).
         device: ignite metric device (accumulation is on the CPU in numpy whatever it is).
@@ -128,7 +103,6 @@ class TemporalMAPMetric(Metric):
         result: the full result of the last :meth:`compute` (``per_video``, ``per_label``, ...).
     """
 
-    @renamed_arguments(threshold="tiou_threshold", thresholds="tiou_thresholds", frame_key="frame_units")
     def __init__(
         self,
         decoder: Decoder | HeldOutDecoder | str | None = None,
@@ -150,7 +124,8 @@ class TemporalMAPMetric(Metric):
         self.folds = int(folds)
         self.tune_kwargs = {"rounds": 1, **(tune_kwargs or {})}
         if decoder == "cross_fitted":
-            decoder = _CrossFitted(self.folds, self.tune_kwargs)
+            cf_units = collector.frame_units if collector is not None else as_frame_units(frame_units)
+            decoder = _CrossFitted(self.folds, self.tune_kwargs, cf_units)
         self.decoder: Any = decoder if decoder is not None else threshold_decoder
         self.tiou_threshold = float(tiou_threshold)
         self.tiou_thresholds = tuple(dict.fromkeys([self.tiou_threshold, *map(float, tiou_thresholds)]))
@@ -159,7 +134,8 @@ class TemporalMAPMetric(Metric):
         self.batch_transform = batch_transform if batch_transform is not None else from_engine([video_key, units.value])
         self.save_details = save_details
         self.result: dict[str, Any] | None = None
-        #: the events the last :meth:`compute` scored, ``{video_id: events}`` (see :meth:`save_events`)
+        #: the events the last :meth:`compute` scored, ``{video_id: events}`` in natural video id order (written by
+        #: :func:`monai_vce.stages.write_events`)
         self.events: dict[str, list[dict[str, Any]]] | None = None
         #: how the last :meth:`compute` decoded the videos: held out (cross-fitted, or the untuned default decoder when
         #: too few videos), or with the given decoder
@@ -200,33 +176,23 @@ class TemporalMAPMetric(Metric):
         )
 
     def compute(self) -> float:
-        inputs = self.collector.decoding_inputs()
+        inputs = self.collector.labelled_videos()
         if not inputs:
             raise NotComputableError(f"{type(self).__name__} must have at least one frame before it can be computed")
-        gt = {vid: item[2] for vid, item in inputs.items()}
+        gt = {vid: v.events or [] for vid, v in inputs.items()}
+        units = self.collector.frame_units
         if isinstance(self.decoder, HeldOutDecoder):
             pred = self._held_out(inputs)
         else:
-            pred = {vid: list(self.decoder(p, ids)) for vid, (p, ids, _) in inputs.items()}
+            pred = {vid: list(self.decoder(v.probs, v.frame_ids(units))) for vid, v in inputs.items()}
             self.protocol = (
                 f"decoded with the given decoder ({getattr(self.decoder, 'source', type(self.decoder).__name__)})"
             )
         self.result = temporal_map(event_json(gt), event_json(pred), tiou_thresholds=self.tiou_thresholds)
-        self.events = pred
+        self.events = {vid: pred[vid] for vid in sorted(pred, key=natural_key)}
         return float(self.result[f"mAP@{tiou_key(self.tiou_threshold)}"])
 
-    def save_events(self, path: str | os.PathLike) -> Path:
-        """Write the events the last :meth:`compute` scored as an event JSON (e.g. the held-out events of an
-        evaluation, whose score is this metric's value).
-
-        Raises:
-            RuntimeError: nothing was computed yet.
-        """
-        if self.events is None:
-            raise RuntimeError(f"{type(self).__name__}.save_events: no events yet (the metric was not computed)")
-        return save_events(path, event_json({vid: self.events[vid] for vid in sorted(self.events, key=natural_key)}))
-
-    def _held_out(self, inputs: Mapping[str, DecodingInput]) -> dict[str, list]:
+    def _held_out(self, inputs: Mapping[str, Video]) -> dict[str, list]:
         events = self.decoder.held_out_events(inputs)
         folds = getattr(self.decoder, "folds", self.folds)
         if events is None:
@@ -239,7 +205,8 @@ class TemporalMAPMetric(Metric):
                 f"held out: {len(inputs)} video(s), too few to cross-fit in {folds} folds, decoded by the untuned "
                 "default threshold decoder (0.5); nothing was fitted on them"
             )
-            return {vid: list(threshold_decoder(p, ids)) for vid, (p, ids, _) in inputs.items()}
+            units = self.collector.frame_units
+            return {vid: list(threshold_decoder(v.probs, v.frame_ids(units))) for vid, v in inputs.items()}
         self.protocol = (
             f"held out: each video decoded by a decoder tuned on the other folds of {folds} folds of the scored videos "
             "(cross-fitting); no parameter was fitted on the video it decodes"

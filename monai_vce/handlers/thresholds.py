@@ -23,8 +23,6 @@ __all__ = ["ThresholdOptimizationHandler"]
 logger = logging.getLogger(__name__)
 
 _WRITE_ON = ("always", "best")
-#: former values of ``activation`` and the ``sigmoid`` they mean
-_ACTIVATION = {None: False, "sigmoid": True}
 
 
 def _stack(values: Any) -> torch.Tensor:
@@ -61,14 +59,13 @@ class ThresholdOptimizationHandler:
         output_transform: maps ``engine.state.output`` to ``(probs, targets)``, batched tensors or lists of
             per-item tensors (decollated output); default ``from_engine(["pred", "label"])``. Not used with
             ``collector``.
-        sigmoid: the output holds logits: apply a sigmoid (formerly ``activation="sigmoid"``). Not used with
-            ``collector`` (the collector's own ``sigmoid`` applies).
+        sigmoid: the output holds logits: apply a sigmoid. Not used with ``collector`` (the collector's own
+            ``sigmoid`` applies).
         write_on: ``"always"`` or ``"best"`` (see above).
         state_key: name of the ``engine.state`` attribute receiving the thresholds.
         metric_name: if set, the mean F1 over classes at the tuned thresholds goes to ``engine.state.metrics``
             under this name.
         collector: the validation's shared collector; ``None`` collects the frames here.
-        activation: former name of ``sigmoid`` (``None`` or ``"sigmoid"``); deprecated.
         name: logger name (``None``: the engine's logger).
     """
 
@@ -84,21 +81,8 @@ class ThresholdOptimizationHandler:
         state_key: str = "thresholds",
         metric_name: str | None = None,
         collector: VideoFrameCollector | None = None,
-        activation: str | None = None,
         name: str | None = None,
     ) -> None:
-        if activation is not None:
-            if activation not in _ACTIVATION:
-                raise ValueError(f"activation must be None or 'sigmoid', got {activation!r}")
-            import warnings
-
-            warnings.warn(
-                "ThresholdOptimizationHandler(activation=...) is deprecated and will be removed in the next release; "
-                "use sigmoid=True",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            sigmoid = _ACTIVATION[activation]
         if write_on not in _WRITE_ON:
             raise ValueError(f"write_on must be one of {_WRITE_ON}, got {write_on!r}")
         if not 0.0 <= min_threshold <= max_threshold <= 1.0:

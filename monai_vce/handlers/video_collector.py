@@ -1,24 +1,5 @@
-"""The per-video collector of an engine's frame outputs, and the one way frames are gathered across ranks.
-
-:class:`VideoFrameCollector` reads, at every iteration, the frame probabilities of the batch (and optionally its
-targets) with the video id and both frame ids of each frame, and assembles them into one
-:class:`~monai_vce.events.Video` per video (rows sorted by ``frame_index``, repeated frames dropped). It
-works in one of two modes:
-
-- **hand-over** (``on_video`` given; the inference writer): frames stream in video order in a single-process
-  run, so a video is complete as soon as the next one starts; it is handed over at once and dropped from
-  memory, and memory stays bounded by one video whatever the number of videos;
-- **keep** (``on_video=None``; validation): every video is kept until the end of the epoch, and the consumers of
-  the validation outputs read them from the collector: the validation metric
-  (:class:`~monai_vce.handlers.TemporalMAPMetric`), the F1 threshold optimiser
-  (:class:`~monai_vce.handlers.ThresholdOptimizationHandler`) and the decoder tuner
-  (:class:`~monai_vce.handlers.DecoderTuningHandler`). They receive the collector as an argument (in the
-  bundle: ``"collector": "@validate#collector"``), so they see the same arrays, and nothing depends on the
-  order of the handlers: the collector assembles its videos on the first request of an epoch.
-
-In a distributed run the frames of a video are spread over the ranks: every rank keeps its share until the end of
-the epoch, and the shares are gathered with :func:`all_gather_rows` (MONAI's ``evenly_divisible_all_gather`` and
-``string_list_all_gather``), the one gathering routine of the package's handlers.
+"""The per-video collector of an engine's frame outputs (:class:`VideoFrameCollector`, one
+:class:`~monai_vce.events.Video` per video), and the one cross-rank gather (:func:`all_gather_rows`).
 """
 
 from __future__ import annotations
@@ -49,8 +30,6 @@ __all__ = ["VideoFrameCollector", "all_gather_rows", "all_gather_strings", "to_n
 
 logger = logging.getLogger(__name__)
 
-#: ``(probs (T, 17), frame ids (T,), ground-truth events)`` of one video, the input of the decoder's tuning.
-DecodingInput = tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]
 # (probs, frame_index, frame_number, targets or None, features or None) of some frames of one video
 _Chunk = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]
 
@@ -100,7 +79,7 @@ def all_gather_strings(strings: Sequence[str]) -> list[str]:
 
 
 class VideoFrameCollector:
-    """Groups per-frame outputs of an engine by video (see the module docstring).
+    """Groups per-frame outputs of an engine by video (see ``docs/design/training.md``).
 
     Works with the batch-level output of an evaluator run with ``decollate=False`` (``engine.state.output`` a
     dict of batched tensors, ``engine.state.batch`` the collated batch) and with decollated outputs (lists of
@@ -125,7 +104,7 @@ class VideoFrameCollector:
         features_key: key of ``(B, D)`` per-frame features in the engine output (put there by
             :class:`~monai_vce.handlers.FrameFeatureCapture`), collected as float16 into each video's ``features``;
             ``None`` collects none.
-        frame_units: the frame ids of :meth:`decoding_inputs` (``"frame_index"`` or ``"frame_number"``).
+        frame_units: the frame ids of the events of :meth:`labelled_videos` (``"frame_index"`` or ``"frame_number"``).
         ground_truth: the ground truth of the collected videos, an event JSON object in ``frame_units``, e.g.
             :func:`monai_vce.data.build_ground_truth` of the labels CSVs (what the challenge scores). ``None``
             builds each video's ground truth from the collected targets with the same rule
@@ -190,7 +169,7 @@ class VideoFrameCollector:
         # video id -> list of (probs, index, number, targets, features) chunks, in arrival order of the videos
         self._chunks: dict[str, list[_Chunk]] = {}
         self._videos: dict[str, Video] | None = None
-        self._inputs: dict[FrameUnits, dict[str, DecodingInput]] = {}
+        self._labelled: dict[str, Video] | None = None
         self.completed: list[str] = []
         self._handed: set[str] = set()
         self.generation += 1
@@ -421,17 +400,15 @@ class VideoFrameCollector:
             raise RuntimeError("a collector with on_video hands its videos over; it keeps none to return")
         return self._assemble()
 
-    def decoding_inputs(self) -> dict[str, DecodingInput]:
-        """``{video_id: (probs, frame_ids, ground-truth events)}`` in ``frame_units``, the same objects for every
+    def labelled_videos(self) -> dict[str, Video]:
+        """The epoch's videos with their ground-truth ``events`` in ``frame_units``, the same objects for every
         consumer of the epoch (the metric, the decoder's tuning)."""
-        units = self.frame_units
-        if units not in self._inputs:
-            out = {}
-            for vid, v in self.videos().items():
-                ids = v.frame_ids(units)
-                out[vid] = (v.probs, ids, self._ground_truth(v, ids))
-            self._inputs[units] = out
-        return self._inputs[units]
+        if self._labelled is None:
+            units = self.frame_units
+            self._labelled = {
+                vid: v.replace(events=self._ground_truth(v, v.frame_ids(units))) for vid, v in self.videos().items()
+            }
+        return self._labelled
 
     def frames(self) -> tuple[np.ndarray, np.ndarray]:
         """All collected frames, ``(probs (N, 17), targets (N, 17))``, videos in order (for frame-level fits)."""

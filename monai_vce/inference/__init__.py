@@ -1,16 +1,5 @@
-"""Reduced inference: fewer frames of a video through the network, the others filled in before decoding.
-
-- :func:`adaptive_inference`: strided inference, coarse-to-fine refinement aimed at the decoder's decisions and
-  near-duplicate skipping, for one video given a ``predict(rows)`` function;
-- :class:`DecoderTarget`: which unknown frames can still change the decoded events;
-- :func:`interpolate_probs`: logit-space interpolation of the frames not inferred;
-- :class:`FrameSignatured` and :func:`duplicate_anchors`: per-frame signatures computed in the loader and the
-  frames they let skip;
-- :class:`FramePredictor` and :class:`ReducedInference`: the per-video driver around a network and a frame
-  dataset (batched, resumable, progress in frames inferred per video), the bundle's reduced inference;
-  :func:`reduction_tag` and :func:`reduced_source`: the reduction settings recorded in each probability file.
-
-The numpy parts import without torch; the loader and network parts are imported on first use.
+"""Reduced inference: fewer frames of a video through the network (stride, coarse-to-fine, near-duplicate
+skipping), the others interpolated before decoding. The numpy parts import without torch.
 """
 
 from __future__ import annotations

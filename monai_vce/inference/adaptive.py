@@ -1,21 +1,5 @@
-"""Reduced inference: fewer frames of a video through the network, the rest filled in before decoding.
-
-:func:`adaptive_inference` decides which frames of one video reach the network:
-
-1. **strided pass**: every ``stride``-th frame and the last one;
-2. **coarse-to-fine refinement** (``refine=True``): the middle frame of every gap between inferred frames that
-   can still change the decoded events (:class:`~monai_vce.inference.refinement.DecoderTarget`: near a decision
-   threshold of a label the decoder may emit, where neighbouring inferred frames disagree, where a presence rule
-   is undecided, where an emitted event's confidence is uncertain, around section transitions) is inferred, all of them in one ``predict`` call; repeated until
-   no gap qualifies, the budget is spent or ``max_rounds`` is reached;
-3. **near-duplicate skipping** (``signatures`` and ``duplicate_tolerance > 0``): a frame whose signature is
-   within the tolerance of the last inferred frame before it (:func:`~monai_vce.inference.duplicates.duplicate_anchors`)
-   is never passed to ``predict``; it takes that frame's probabilities.
-
-The probabilities of frames never looked at are interpolated in logit space between their known neighbours
-(:func:`~monai_vce.inference.interpolation.interpolate_probs`), so every frame gets probabilities and the events
-cover every frame id. ``stride=1`` without near-duplicate skipping is full inference: ``predict`` is called
-once, on every row, and its output is returned unchanged.
+"""Reduced inference of one video: strided pass, coarse-to-fine refinement, near-duplicate skipping, logit
+interpolation of the rest. ``stride=1`` without skipping is full inference.
 """
 
 from __future__ import annotations
@@ -159,7 +143,7 @@ def adaptive_inference(
     callback: Callable[[int, int], Any] | None = None,
     video_id: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Infer a subset of a video's frames and fill in the others (see the module docstring).
+    """Infer a subset of a video's frames and fill in the others (see ``docs/design/inference.md``).
 
     Args:
         predict: ``predict(rows)`` gets a sorted int64 array of row positions (``0 .. num_frames - 1``) and

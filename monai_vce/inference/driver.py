@@ -1,22 +1,6 @@
-"""The per-video driver of reduced inference: a network, a frame dataset, per-video probability files, events.
-
-:class:`FramePredictor` turns a network and a dataset of frames into the ``predict(rows)`` function of
-:func:`~monai_vce.inference.adaptive_inference`: the requested frames are served by the dataset (the bundle's
-inference dataset: :class:`~monai_vce.data.VideoFrameDataset` with the ``preprocessing`` transform, so frame
-images and video files are decoded exactly as full inference decodes them) in DataLoader workers that persist
-across calls (the sampler, which lives in the main process, is pointed at the new rows before each pass),
-batched, moved to the device as ``uint8`` and scaled there (:class:`~monai_vce.data.VCEPrepareBatch`), run through
-the inferer under ``torch.inference_mode()`` (autocast optional) and returned as probabilities.
-
-:class:`ReducedInference` runs a whole dataset video by video: for each video it computes the frame signatures
-when near-duplicate skipping is on, calls :func:`~monai_vce.inference.adaptive_inference`, writes
-``<output_dir>/<video_id>.npz`` with :func:`~monai_vce.events.save_video_probs` (the per-video probability file,
-with ``inferred``, the mask of frames that went through the network, and the reduction settings in ``source``),
-shows frames inferred vs frames in the video, and at the end has the event writer
-(:class:`~monai_vce.handlers.TemporalEventWriter`) decode every video into the event JSON. A rerun skips the
-videos whose file is complete and was written by the same model with the same reduction settings or by full
-inference of the same model (:func:`reduced_source`). In a distributed run every rank takes every
-``world_size``-th video and rank 0 writes the events once all ranks are done.
+"""The per-video driver of reduced inference: a network and a frame dataset in, ``<output_dir>/<video_id>.npz``
+out (with the ``inferred`` mask), resumable; :class:`FramePredictor` serves the requested frames. Decoding is
+:func:`monai_vce.stages.decode`'s.
 """
 
 from __future__ import annotations
@@ -27,6 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,7 +22,7 @@ from monai.utils import IgniteInfo, min_version, optional_import
 from monai_vce.data import VCEPrepareBatch, vce_val_transforms, video_rows
 from monai_vce.engines import FrameInferer
 from monai_vce.events.probabilities import Video, completed_videos, probability_file, save_video_probs
-from monai_vce.handlers import TemporalEventWriter, all_gather_rows
+from monai_vce.handlers import all_gather_rows
 from monai_vce.labels import NUM_LABELS
 from monai_vce.postprocessing import EventDecoder
 from monai_vce.utils import check_setting, safe_text, short_repr
@@ -204,18 +189,6 @@ def resume_sources(source: str, reduction: Mapping[str, Any] | None = None) -> l
         raise ValueError(f"setting 'reduction' has an unknown key {unknown[0]!r}; known: {', '.join(REDUCTION_KEYS)}")
     tag = reduction_tag(**reduction) if reduction else ""
     return [source, reduced_source(source, tag)] if tag else [source]
-
-
-class _TransformedDecoder:
-    """An event decoder applied after a probability transform (keeps the decoder's ``params`` for its frame units)."""
-
-    def __init__(self, decoder: EventDecoder, transform: Callable[[np.ndarray], np.ndarray]) -> None:
-        self.decoder = decoder
-        self.transform = transform
-        self.params = decoder.params
-
-    def __call__(self, probs: np.ndarray, frame_ids: Any, **kwargs: Any) -> Any:
-        return self.decoder(self.transform(probs), frame_ids, **kwargs)
 
 
 class _RowSampler(torch.utils.data.Sampler):
@@ -413,15 +386,15 @@ def _video_frames(data: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
 
 
 class ReducedInference:
-    """Reduced inference over a frame dataset, video by video, with resumable per-video files and events.
+    """Reduced inference over a frame dataset, video by video, into resumable per-video probability files.
 
     Args:
         network: the classifier, weights loaded (or loaded by ``load_handlers``).
         data: the frames: a dataset of frame dicts (the bundle's inference ``dataset``) or a datalist (see
             :class:`FramePredictor`); every frame dict has ``video_id``, ``frame_index`` (and ``frame_number``).
         output_dir: folder of the per-video ``.npz`` probability files.
-        decoder: the event decoder (``EventDecoder``, parameters, a ``decoder.json`` path or ``None``): the
-            refinement aims at what it emits; the events are decoded with it unless ``event_writer`` is given.
+        decoder: the event decoder (``EventDecoder``, parameters, a ``decoder.json`` path or ``None``) the
+            refinement aims at (the run's decode stage decodes the files with the same parameters).
         stride, budget, refine, margin: see :func:`~monai_vce.inference.adaptive_inference` (``budget`` per
             video; a float is a fraction of each video).
         duplicate_tolerance: near-duplicate skipping tolerance (``0``: off); the signatures of every frame of
@@ -435,17 +408,11 @@ class ReducedInference:
         resume: skip videos whose probability file is complete and was written from ``source`` by full
             inference or by reduced inference with these settings (:func:`reduced_source`).
         source: what the probabilities come from (e.g. :func:`monai_vce.events.model_fingerprint`).
-        probs_transform: ``(T, 17) -> (T, 17)`` probabilities, applied before decoding (e.g. a temporal
-            refiner's ``refine``): the refinement aims at the decoded transformed probabilities, and the events
-            written by the default writer are decoded from them; the files hold the untransformed probabilities.
-            ``None`` with an ``event_writer`` that has a temporal refiner of probabilities: that refiner's
-            ``refine`` (the writer decodes the refined probabilities).
-        event_writer: writes the event JSON from the files once every video is done (its ``write_events``); the
-            bundle passes its own, so that reduced and full inference decode alike (with its temporal refiner, if
-            any). ``None`` builds a :class:`~monai_vce.handlers.TemporalEventWriter` with ``events_file``,
-            ``decoder`` (after ``probs_transform``) and the videos of ``data``.
-        events_file: the event JSON of the default writer (relative paths are taken inside ``output_dir``);
-            ``None`` writes no events (unless ``event_writer`` is given).
+        refiner: an optional temporal refiner of probabilities (``inputs="probs"``, e.g.
+            :func:`monai_vce.temporal.load_refiner`): the refinement aims at the events of its refined
+            probabilities, which the run's refine stage writes; the files hold the frame model's probabilities.
+        features: the run asks for per-frame features (``write_features``): refused by a reduced run, which
+            infers some frames only.
         load_handlers: callables run once with a bare ignite engine before the first video (e.g. a
             :class:`monai_vce.handlers.VCECheckpointLoader`).
         progress: draw a progress bar on a terminal (frames of the videos done; frames inferred vs frames of
@@ -454,6 +421,7 @@ class ReducedInference:
     Example::
 
         ReducedInference(network, datalist, "eval/probs", decoder="models/decoder.json", stride=8).run()
+        monai_vce.stages.decode("eval/probs", "eval/events.json", decoder="models/decoder.json")
     """
 
     def __init__(
@@ -481,9 +449,8 @@ class ReducedInference:
         compile: bool = False,
         resume: bool = True,
         source: str = "",
-        probs_transform: Callable[[np.ndarray], np.ndarray] | None = None,
-        event_writer: TemporalEventWriter | None = None,
-        events_file: PathLike | None = "events.json",
+        refiner: Any = None,
+        features: bool = False,
         load_handlers: Sequence[Callable[[Any], Any]] = (),
         progress: bool = True,
     ) -> None:
@@ -520,12 +487,8 @@ class ReducedInference:
         self.source = str(source)
         #: the reduction settings stored in every file's ``source`` (``""``: full inference)
         self.tag = reduction_tag(**checked)
-        refiner = getattr(event_writer, "refiner", None)
-        if probs_transform is None and refiner is not None and getattr(refiner, "inputs", "probs") == "probs":
-            probs_transform = refiner.refine
-        self.probs_transform = probs_transform
-        self.event_writer = event_writer
-        self.events_file = events_file
+        self.refiner = refiner
+        self.features = check_setting("write_features", features, "bool")
         self.load_handlers = list(load_handlers)
         self.progress = bool(progress)
         #: per video of this rank: frames, frames inferred, seconds (filled by :meth:`run`)
@@ -541,23 +504,16 @@ class ReducedInference:
         """The ``source`` written into the files: the model's and the reduction settings."""
         return reduced_source(self.source, self.tag)
 
-    def _writer(self, videos: Sequence[str]) -> TemporalEventWriter | None:
-        if self.event_writer is not None:
-            return self.event_writer
-        if self.events_file is None:
-            return None
-        decoder: Any = (
-            self.decoder if self.probs_transform is None else _TransformedDecoder(self.decoder, self.probs_transform)
-        )
-        return TemporalEventWriter(self.output_dir, events_file=self.events_file, decoder=decoder, videos=list(videos))
+    @property
+    def probs_transform(self) -> Callable[[np.ndarray], np.ndarray] | None:
+        """What the refinement aims through before decoding: the refiner's ``refine`` (``None`` without one)."""
+        return None if self.refiner is None else self.refiner.refine
 
-    def _check_writer(self) -> None:
-        """Refuse, in one line, an event writer that needs what reduced inference does not write: per-frame
-        features (for the files, or as the inputs of its temporal refiner)."""
-        writer = self.event_writer
-        refiner = getattr(writer, "refiner", None)
-        inputs = getattr(refiner, "inputs", "probs") if refiner is not None else "probs"
-        if getattr(writer, "feature_capture", None) is not None or inputs != "probs":
+    def _check_inputs(self) -> None:
+        """Refuse, in one line, a run that needs what reduced inference does not write: per-frame features (for the
+        files, or as the inputs of its temporal refiner)."""
+        inputs = getattr(self.refiner, "inputs", "probs") if self.refiner is not None else "probs"
+        if self.features or inputs != "probs":
             need = "write_features" if inputs == "probs" else f"a temporal refiner with inputs={inputs!r}"
             raise ValueError(
                 f"reduced inference ({self.tag}) writes no per-frame features, but the run asks for them ({need}): "
@@ -604,16 +560,19 @@ class ReducedInference:
         video = Video(vid, probs, index, number, inferred=inferred)
         save_video_probs(probability_file(self.output_dir, vid), video, source=self.stored_source)
 
-    def run(self) -> Any:
-        """Infer every pending video of this rank, write its file, then have the event writer write the JSON.
+    def run(self) -> Path:
+        """Infer every pending video of this rank and write its file; in a distributed run, wait for every rank.
 
         Returns:
-            What the event writer's ``write_events`` returns (the JSON path on rank 0), ``None`` without one.
+            ``output_dir``, the folder the decode stage reads.
+
+        Raises:
+            ValueError: a reduced run asked for per-frame features (see ``features`` and ``refiner``).
         """
         from tqdm.auto import tqdm
 
         if self.reduced:
-            self._check_writer()
+            self._check_inputs()
         data = self.predictor.data
         groups = _video_frames(data)
         rank, world = idist.get_rank(), idist.get_world_size()
@@ -659,8 +618,7 @@ class ReducedInference:
         self._summary(time.perf_counter() - t0)
         if world > 1:
             idist.barrier()
-        writer = self._writer(list(groups))
-        return None if writer is None else writer.write_events()
+        return Path(self.output_dir)
 
     def _summary(self, seconds: float) -> None:
         """Log the frames inferred vs the frames of the videos of every rank (gathered) on rank 0."""

@@ -1,15 +1,5 @@
-"""Near-duplicate frames: a cheap signature per frame, computed in the loader, and the frames it lets skip.
-
-A capsule often lingers: consecutive frames can be nearly identical, and inferring each of them gives nearly the
-same probabilities. The signature of a frame (:mod:`~monai_vce.inference.signature`) is a small grey thumbnail computed in the
-DataLoader workers; the distance of two signatures is their mean absolute grey-level difference (0-255).
-
-:func:`duplicate_anchors` walks a video in frame order: the first frame is inferred; a later frame whose
-signature lies within the tolerance of the last inferred frame's signature reuses that frame's probabilities
-(at most ``max_reuse`` frames in a row), any other frame is inferred and becomes the frame the next ones are
-compared with. It computes that greedy walk without a loop over frames: the next inferred frame after every
-frame is found for all frames at once (within ``max_reuse`` frames), and the chain of inferred frames starting
-at frame 0 is followed by pointer doubling.
+"""Near-duplicate frames: the frames whose signature is within a tolerance of the last inferred one reuse its
+probabilities (:func:`duplicate_anchors`, vectorised).
 """
 
 from __future__ import annotations

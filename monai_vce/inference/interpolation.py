@@ -1,9 +1,5 @@
-"""Filling in the probabilities of frames that were not inferred, from the frames that were.
-
-Probabilities are interpolated linearly in logit space between the two nearest known frames (a sigmoid output
-moves linearly in its logit as a frame drifts between two looks, and averaging logits keeps a confident frame
-confident where averaging probabilities would pull it towards 0.5). Frames before the first or after the last
-known frame take that frame's probabilities. Known frames keep their probabilities bit for bit.
+"""Filling in the probabilities of frames not inferred: linear in logit space between the nearest known frames;
+known frames keep theirs bit for bit.
 """
 
 from __future__ import annotations

@@ -1,29 +1,5 @@
-"""Which frames to infer next: the frames whose probabilities can still change the decoded events.
-
-After some frames of a video are inferred, the others are known only approximately. :class:`DecoderTarget`
-bounds every unknown frame's probabilities and asks where those bounds leave the decoder's output open:
-
-- **envelope**: an unknown frame between known frames ``a`` and ``b`` has, for each label, a logit within
-  ``[min(z_a, z_b) - margin, max(z_a, z_b) + margin]``. So a gap whose two known frames fall on different
-  sides of a label's threshold is open for that label (the neighbouring inferred frames disagree), and so is
-  a gap whose known frames lie within ``margin`` of the threshold;
-- **chain** (threshold, median, gap filling, minimum length) and **presence rules** are monotone in the
-  probabilities, so decoding the lower and the upper envelope bounds what any frame values inside the envelope
-  can give: where the two masks agree the events are settled, where they differ the open input frames within
-  the chain's reach (half the median window + longest filled gap + shortest kept run) can change them. A label
-  whose presence rule is settled as absent (or ``"never"``) needs nothing; one whose presence is open asks for
-  the frames that can decide it (the windows of a ``"peak"`` rule that can reach the cutoff, the frames that can
-  cross a ``"quantile"`` cutoff, the open frames of a ``"support"`` rule);
-- **confidence order**: an emitted event's confidence is its mean probability; where the envelope leaves that
-  mean uncertain by more than ``score_tolerance``, the event's unknown frames are open;
-- **section transitions** (anatomy decoding): the Viterbi path is not monotone in the probabilities, so the
-  unknown frames within ``transition_window`` frames of every transition of the path decoded from the
-  interpolated probabilities are open (the path also places the landmarks' windows), and so are all frames before
-  the decoded stomach and ``8 * transition_window`` frames into it: the lead-in, mouth and esophagus last a few to
-  hundreds of frames, and whether the path visits them at all depends on a few of them.
-
-:meth:`DecoderTarget.open_frames` returns those frames; the caller infers the middle frame of every gap that
-holds one and asks again, until nothing is open.
+"""Which frames to infer next: :class:`DecoderTarget` returns the unknown frames whose probabilities can still
+change the decoded events.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Asymmetric focal loss (and its no-focusing limit, binary cross-entropy) for multi-label classification under
-extreme class imbalance, with label smoothing and per-class positive weights."""
+"""Asymmetric focal loss and binary cross-entropy for multi-label classification, with label smoothing and
+per-class positive weights. Reference: Ridnik et al., "Asymmetric Loss", ICCV 2021.
+"""
 
 from __future__ import annotations
 
@@ -24,43 +25,11 @@ def _as_class_vector(value: Sequence[float] | torch.Tensor | None, name: str) ->
 
 class AsymmetricFocalLoss(_Loss):
     """Asymmetric loss (ASL) of Ridnik et al., "Asymmetric Loss For Multi-Label Classification",
-    ICCV 2021, https://arxiv.org/abs/2009.14119, computed from logits.
+    ICCV 2021, https://arxiv.org/abs/2009.14119, computed from logits, with label smoothing and per-class positive weights.
 
-    With ``p = sigmoid(x)``, the shifted probability ``p_m = max(p - clip, 0)`` and the (smoothed) target
-    ``t`` in [0, 1], each element's loss is
-
-    .. math::
-
-        L = -\\,(1 - p_t)^{\\gamma} \\left[ t \\log p + (1 - t) \\log(1 - p_m) \\right] \\,
-            \\bigl(1 + (w^+_c - 1)\\, y\\bigr)\\, w_c,
-
-        p_t = t\\, p + (1 - t)(1 - p_m), \\qquad \\gamma = t\\, \\gamma_+ + (1 - t)\\, \\gamma_-
-
-    - One asymmetric focusing weight per element, from its combined ``p_t`` (as in the reference implementation
-      and timm's ``AsymmetricLossMultiLabel``): for a 0/1 target it is ``(1 - p)^gamma_pos`` on a positive and
-      ``p_m^gamma_neg`` on a negative. With label smoothing, an easy negative (``t = eps``) gets the weight
-      ``(eps (1 - p) + (1 - eps) p_m)^gamma``, tiny on both terms, so its probability settles near ``eps``
-      (just above ``clip``): focusing the smoothed positive and negative terms separately instead would give the
-      ``eps`` part the positive's weight ``(1 - p)^gamma_pos`` (about 1) against ``p_m^gamma_neg`` (about 0) and
-      pull every negative towards ``p ~ 0.4``.
-    - Label smoothing maps a target ``y`` to ``t = y (1 - 2 eps) + eps``, i.e. 0/1 to ``[eps, 1 - eps]``.
-    - Positive weights ``w^+_c`` (e.g. :func:`monai_vce.losses.class_positive_weights`, the negative/positive
-      frame ratio of each class) weight the elements whose target *before smoothing* is positive; a soft
-      (mixup) target ``y`` gets ``1 + (w^+ - 1) y``. For 0/1 targets without smoothing this is exactly the
-      ``pos_weight`` of ``torch.nn.BCEWithLogitsLoss``. Weighting the smoothed positive term ``eps log p`` of
-      every negative instead would move the optimum of a rare class's negatives to
-      ``w^+ eps / (w^+ eps + 1 - eps)`` (0.84 for ``w^+ = 100``, ``eps = 0.05``).
-    - ``w_c`` is the optional weight of the element's class (``weight``), scaling its whole loss.
-    - ``detach_focusing=True`` computes the focusing weight without gradient, as the reference implementation
-      does (``disable_torch_grad_focal_loss``).
-    - ``gamma_pos = gamma_neg = 0``, ``clip = 0``, ``label_smoothing = 0`` and no weights give binary
-      cross-entropy with logits exactly (:class:`BinaryCrossEntropyLoss`).
-
-    The loss is evaluated in float32 (or float64 for float64 input) whatever the input precision, with
-    log-sigmoid forms: ``log p = logsigmoid(x)``, and ``log(1 - p_m) = logsigmoid(-x)`` when ``clip = 0``,
-    else ``log(min(sigmoid(-x) + clip, 1))`` whose argument is never below ``clip``; ``1 - p_t`` is computed as
-    ``t sigmoid(-x) + (1 - t) p_m`` (no cancellation). So no ``log(0)`` occurs for any finite logit, also under
-    fp16/bf16 autocast.
+    One focusing weight per element from its combined ``p_t`` (as timm's ``AsymmetricLossMultiLabel``); evaluated in
+    float32 with log-sigmoid forms, so no ``log(0)`` for any finite logit. ``gamma_pos = gamma_neg = clip =
+    label_smoothing = 0`` without weights is binary cross-entropy exactly. Derivation: ``docs/design/training.md``.
 
     Args:
         gamma_pos: focusing exponent of the positive part.

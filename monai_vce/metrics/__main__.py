@@ -1,18 +1,5 @@
-"""Command line: score a prediction event JSON against a ground truth as the RARE-VISION challenge does.
-
-Usage::
-
-    python -m monai_vce.metrics --gt GT.json --pred PRED.json [--tiou-thresholds 0.5 0.95] [--out result.json]
-
-Prints one JSON object (``mAP@0.5``, ``mAP@0.95``, ``per_label``, ``per_video``, ...). Invalid files are
-reported one problem per line on stderr with exit code 2. As the challenge does, a prediction whose video
-ids differ from the ground truth's is refused; ``--allow-missing-videos`` scores missing videos as empty
-predictions and ignores extra ones instead.
-
-Frame units: the units each file records beside it (``<name>.meta.json``, :mod:`monai_vce.events.metadata`) are
-compared; files in different units are refused with a one-line message, or, with ``--probs DIR`` (probability
-files hold both frame ids of every frame), the prediction is converted into the ground truth's units first. The
-result names the units it was scored in (``frame_units``; ``null`` when neither file records them).
+"""Command line ``metrics``: the temporal mAP of an event JSON against a ground truth, as the RARE-VISION challenge
+scores it; prints one JSON object (``mAP@0.5``, ``mAP@0.95``, ``per_label``, ``per_video``, ``frame_units``, ...).
 """
 
 from __future__ import annotations
@@ -20,10 +7,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from monai_vce.cli import command_main, print_error
 from monai_vce.events.metadata import convert_events, describe_events_file, read_frame_units
 from monai_vce.events.probabilities import load_video_probs, probability_file
 from monai_vce.events.units import FrameUnits
@@ -32,93 +19,87 @@ from monai_vce.utils import atomic_write_json
 
 from .temporal_map import temporal_map
 
-__all__ = ["main"]
+__all__ = ["add_parser", "main"]
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m monai_vce.metrics",
-        description="Temporal mAP of a RARE-VISION event JSON prediction against a ground truth.",
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``metrics`` command to ``subparsers``; returns its parser."""
+    p = subparsers.add_parser(
+        "metrics",
+        description="Temporal mAP of a RARE-VISION event JSON against a ground truth. As the challenge does, an "
+        "event JSON whose video ids differ from the ground truth's is refused; files recorded in different frame "
+        "units (<name>.meta.json) are refused unless --probs-dir converts the events into the ground truth's units.",
     )
     p.add_argument("--gt", required=True, help="ground-truth event JSON file")
-    p.add_argument("--pred", required=True, help="prediction event JSON file")
+    p.add_argument("--events", required=True, help="event JSON file to score (the prediction)")
     p.add_argument(
         "--tiou-thresholds", type=float, nargs="+", default=[0.5, 0.95], help="tIoU thresholds (default 0.5 0.95)"
     )
-    p.add_argument("--thresholds", type=float, nargs="+", default=None, help=argparse.SUPPRESS)  # former name
     p.add_argument("--out", default=None, help="also write the result JSON to this file (atomically)")
     p.add_argument(
         "--allow-missing-videos",
         action="store_true",
-        help="score ground-truth videos missing from the prediction as empty and ignore extra predicted videos",
+        help="score ground-truth videos missing from the event JSON as empty and ignore extra videos",
     )
     p.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES, help="largest accepted file size in bytes")
     p.add_argument(
         "--max-events", type=int, default=DEFAULT_MAX_EVENTS, help="largest accepted number of events per file"
     )
     p.add_argument(
-        "--probs",
+        "--probs-dir",
         default=None,
-        help="folder of the prediction's probability files <video_id>.npz: converts a prediction recorded in other "
+        help="folder of the event JSON's probability files <video_id>.npz: converts events recorded in other "
         "frame units than the ground truth into the ground truth's units",
     )
     p.add_argument("--indent", type=int, default=2, help="JSON indentation of the printed result (-1: compact)")
+    p.set_defaults(run=run)
     return p
 
 
 def _same_units(args: argparse.Namespace, objs: dict[str, Any]) -> tuple[FrameUnits | None, str | None]:
-    """The units the files are scored in, converting the prediction with ``--probs`` when they differ.
+    """The units the files are scored in, converting the prediction with ``--probs-dir`` when they differ.
 
     Returns:
         ``(units, problem)``: ``problem`` is the one-line refusal, or ``None``.
     """
-    gt_units, pred_units = read_frame_units(args.gt), read_frame_units(args.pred)
+    gt_units, pred_units = read_frame_units(args.gt), read_frame_units(args.events)
     if gt_units is None or pred_units is None:
         known = gt_units or pred_units
         if known is not None:
-            missing = args.pred if pred_units is None else args.gt
+            missing = args.events if pred_units is None else args.gt
             print(
                 f"note: {missing} records no frame units; scored as {known.value} like the other file", file=sys.stderr
             )
         return known, None
     if gt_units is pred_units:
         return gt_units, None
-    if args.probs is None:
+    if args.probs_dir is None:
         return gt_units, (
-            f"frame units differ: {describe_events_file(args.gt, gt_units)}, {describe_events_file(args.pred, pred_units)}; "
-            "pass --probs PROBS_DIR (the prediction's probability files hold both frame ids) to convert, "
+            f"frame units differ: {describe_events_file(args.gt, gt_units)}, {describe_events_file(args.events, pred_units)}; "
+            "pass --probs-dir DIR (the event JSON's probability files hold both frame ids) to convert, "
             "or score files in the same units"
         )
     try:
         ids = {}
         for v in objs["prediction"]["videos"]:
-            video = load_video_probs(probability_file(args.probs, v["video_id"]))
+            video = load_video_probs(probability_file(args.probs_dir, v["video_id"]))
             ids[str(v["video_id"])] = (video.frame_index, video.frame_number)
-        objs["prediction"] = convert_events(objs["prediction"], pred_units, gt_units, ids, source=args.pred)
+        objs["prediction"] = convert_events(objs["prediction"], pred_units, gt_units, ids, source=args.events)
     except (FileNotFoundError, ValueError) as e:
-        return gt_units, f"cannot convert {args.pred} to {gt_units.value} units: {e}"
+        return gt_units, f"cannot convert {args.events} to {gt_units.value} units: {e}"
     print(
-        f"note: converted {describe_events_file(args.pred, pred_units)} to {gt_units.value} units with the frame ids "
-        f"of {args.probs}",
+        f"note: converted {describe_events_file(args.events, pred_units)} to {gt_units.value} units with the frame ids "
+        f"of {args.probs_dir}",
         file=sys.stderr,
     )
     return gt_units, None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (0 success, 2 invalid input)."""
-    args = _parser().parse_args(argv)
-    if args.thresholds is not None:
-        warnings.warn(
-            "--thresholds is deprecated and will be removed in the next release; use --tiou-thresholds",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        print("warning: --thresholds is deprecated; use --tiou-thresholds", file=sys.stderr)
-        args.tiou_thresholds = args.thresholds
+def run(args: argparse.Namespace) -> int:
+    """Score ``args.events`` against ``args.gt``; prints the result; returns the exit code (0, or 2: invalid input)."""
     problems: list[str] = []
     objs = {}
-    for role, path in (("ground truth", args.gt), ("prediction", args.pred)):
+    for role, path in (("ground truth", args.gt), ("prediction", args.events)):
         try:
             objs[role] = load_events(path, max_bytes=args.max_bytes, max_events=args.max_events, validate=False)
         except (FileNotFoundError, ValueError) as e:
@@ -129,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pred_problems = validate_events(
             pred, gt=None if args.allow_missing_videos or problems else gt, max_events=args.max_events
         )
-        problems += [f"{args.pred}: {p}" for p in pred_problems]
+        problems += [f"{args.events}: {p}" for p in pred_problems]
     units = None
     if not problems:
         units, problem = _same_units(args, objs)
@@ -142,8 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         except ValueError as e:
             problems.append(str(e))
-    if problems:
-        print("\n".join(problems), file=sys.stderr)
+    if problems:  # every problem of the files, one line each
+        for problem in problems:
+            print_error(problem)
         return 2
     result["frame_units"] = None if units is None else units.value
     indent = None if args.indent < 0 else min(args.indent, 16)
@@ -151,10 +133,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             atomic_write_json(args.out, result, indent=indent)
         except OSError as e:  # a file in the way of --out's folder, a read-only folder...
-            print(f"--out {args.out}: {e}", file=sys.stderr)
-            return 2
+            return print_error(f"--out {args.out}: {e}")
     print(json.dumps(result, indent=indent))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m monai_vce.metrics``, the same as ``python -m monai_vce metrics``; returns the exit code."""
+    return command_main(add_parser, argv, "python -m monai_vce.metrics")
 
 
 if __name__ == "__main__":

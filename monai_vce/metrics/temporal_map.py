@@ -1,34 +1,12 @@
 """Temporal mAP of event JSON files, computed exactly as the RARE-VISION challenge scores them.
 
-For each ground-truth video and each label, the ground-truth segments are the events that list the label,
-in file order, and the predicted segments likewise. Predictions are matched greedily in listed order: each
-takes the first still-unmatched ground-truth segment, in listed order, whose temporal IoU with it is at
-least the tIoU threshold, where frames count inclusively::
-
-    overlap = min(end_a, end_b) - max(start_a, start_b) + 1      (0 when negative)
-    tIoU    = overlap / (len_a + len_b - overlap),   len = end - start + 1
-
-``AP = sum_i precision_i * (recall_i - recall_{i-1})`` over the predictions in listed order (no
-interpolation, no confidence sorting: the format has no score). A label without ground truth in a video
-scores 1.0 when nothing predicts it there and 0.0 otherwise. A video's mAP is the mean over the labels
-(all 17 by default), and the overall mAP the mean over the ground-truth videos.
-
-Video ids: a ground-truth video absent from the prediction is scored as an empty prediction (its absent
-labels score 1.0, its present ones 0.0); a predicted video absent from the ground truth is not scored and
-is listed under ``"extra_pred_videos"`` (the challenge rejects such files; :func:`validate_events` with
-``gt=`` reports both cases). A video listed twice has its events concatenated in file order. The
-challenge's scorer iterates only over videos whose ground truth has at least one event; here every
-ground-truth video counts, so a video with no ground-truth event scores 1.0 for an empty prediction (this
-never happens on the Galar ground truth, where every video has events).
-
-:func:`temporal_map` is the vectorised implementation; :func:`temporal_map_reference` is a plain
-per-pair Python implementation of the same rules, kept as the reference for tests and speed comparisons.
+Greedy matching in listed order at each tIoU threshold, inclusive frames, no confidence sorting; every ground-truth
+video counts. :func:`temporal_map_reference` is the per-pair reference.
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,7 +14,6 @@ import numpy as np
 
 from monai_vce.events.validation import DEFAULT_MAX_EVENTS, check_events, load_events
 from monai_vce.labels import LABELS
-from monai_vce.utils import renamed_arguments
 
 __all__ = [
     "segment_tiou",
@@ -57,17 +34,6 @@ _GT_CHUNK = 256
 def tiou_key(tiou_threshold: float) -> str:
     """The text form of a tIoU threshold used in result keys: ``0.5 -> "0.5"`` (``mAP@0.5``)."""
     return f"{tiou_threshold:g}"
-
-
-def __getattr__(name: str) -> Any:
-    if name == "threshold_key":
-        warnings.warn(
-            "monai_vce.metrics.threshold_key is deprecated and will be removed in the next release; use tiou_key",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return tiou_key
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check_tiou_thresholds(tiou_thresholds: float | Sequence[float]) -> tuple[float, ...]:
@@ -210,7 +176,6 @@ def _greedy_tp(gt: np.ndarray, pred: np.ndarray, tiou_threshold: float) -> np.nd
     return tp
 
 
-@renamed_arguments(thresholds="tiou_thresholds")
 def average_precision(
     gt: np.ndarray, pred: np.ndarray, tiou_thresholds: float | Sequence[float] = (0.5, 0.95)
 ) -> np.ndarray:
@@ -219,7 +184,7 @@ def average_precision(
     Args:
         gt: (G, 2) integer ``[start, end]`` ground-truth segments in listed order.
         pred: (P, 2) integer ``[start, end]`` predicted segments in listed order.
-        tiou_thresholds: tIoU thresholds (formerly ``thresholds``).
+        tiou_thresholds: tIoU thresholds.
 
     Returns:
         (K,) float64 AP per tIoU threshold.
@@ -270,7 +235,6 @@ def _segments_by_label(events: Sequence[Mapping[str, Any]], index: Mapping[str, 
     ]
 
 
-@renamed_arguments(thresholds="tiou_thresholds")
 def video_average_precision(
     gt_events: Sequence[Mapping[str, Any]],
     pred_events: Sequence[Mapping[str, Any]],
@@ -282,7 +246,7 @@ def video_average_precision(
     Args:
         gt_events: the video's ground-truth events (``start``, ``end``, ``label`` list), in listed order.
         pred_events: the video's predicted events, in listed order (extra keys such as ``score`` are ignored).
-        tiou_thresholds: tIoU thresholds (formerly ``thresholds``).
+        tiou_thresholds: tIoU thresholds.
         labels: the labels to score.
 
     Returns:
@@ -341,7 +305,6 @@ def _assemble(
     return result
 
 
-@renamed_arguments(thresholds="tiou_thresholds")
 def temporal_map(
     gt: EventJSON | str | os.PathLike,
     pred: EventJSON | str | os.PathLike,
@@ -358,7 +321,7 @@ def temporal_map(
     Args:
         gt: ground-truth event JSON (dict) or the path of its file.
         pred: predicted event JSON (dict) or the path of its file. Extra event keys (``score``) are ignored.
-        tiou_thresholds: tIoU thresholds in [0, 1] (formerly ``thresholds``).
+        tiou_thresholds: tIoU thresholds in [0, 1].
         labels: labels averaged in each video's mAP (the 17 :data:`~monai_vce.labels.LABELS` by default).
         validate: check both inputs with :func:`~monai_vce.metrics.check_events` first (extra event keys
             tolerated); turn off only for inputs known to be valid (e.g. in a tuning loop).
@@ -419,7 +382,6 @@ def _ap_reference(gt: list[tuple[int, int]], pred: list[tuple[int, int]], tiou_t
     return ap
 
 
-@renamed_arguments(thresholds="tiou_thresholds")
 def temporal_map_reference(
     gt: EventJSON | str | os.PathLike,
     pred: EventJSON | str | os.PathLike,

@@ -1,7 +1,5 @@
-"""Networks: BiomedCLIP's image tower with differential attention, classifier heads, backbone loading and the
-label-prompt text embeddings.
-
-Importing this package registers the tiny test model (:data:`TINY_MODEL_NAME`) with timm and open_clip, in memory.
+"""Networks: BiomedCLIP's image tower with differential attention, classifier heads, backbone loading, label-prompt
+text embeddings. Importing registers the tiny test model with timm and open_clip, in memory.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from .backbone import (
 from .classifier import FUSION_MODES, DiffAttnCLIPClassifier
 from .diff_attention import (
     ATTENTION_VARIANTS,
-    CONVERSION_MODES,
     DifferentialAttention,
     convert_to_diff_attention,
     lambda_init_for_depth,
@@ -49,7 +46,6 @@ __all__ = [
     "FUSION_MODES",
     "DiffAttnCLIPClassifier",
     "ATTENTION_VARIANTS",
-    "CONVERSION_MODES",
     "DifferentialAttention",
     "convert_to_diff_attention",
     "lambda_init_for_depth",

@@ -1,27 +1,7 @@
 """Loading the image tower of BiomedCLIP (or any timm-based open_clip model) without its text tower.
 
-BiomedCLIP (``microsoft/BiomedCLIP-PubMedBERT_256-vit_base_patch16_224``) is an open_clip model: a timm
-``vit_base_patch16_224`` image tower (CLS-token pooling, then a 768 -> 512 linear projection, OpenAI CLIP mean/std,
-224 px) and a Hugging Face BiomedBERT text tower. The classifier needs only the image tower, so
-:func:`build_image_tower` reads the open_clip config, builds ``visual`` alone with open_clip's own builder and loads the
-``visual.*`` weights of the checkpoint with an exact key check: ``transformers`` and the text tower are never needed.
-
-Backbone sources (the ``backbone`` argument):
-
-* ``"hf-hub:org/repo"``: config and weights from the Hugging Face Hub (or its local cache). Needs network on first
-  use. BiomedCLIP's config ships with this module, so ``pretrained=False`` builds BiomedCLIP's architecture offline.
-* ``"local-dir:/path/to/folder"``: open_clip's local form: ``open_clip_config.json`` and a weights file
-  (``open_clip_pytorch_model.bin``, ``open_clip_model.safetensors``, ...) in one folder, e.g. a downloaded hub snapshot.
-* a checkpoint file (``.bin``, ``.pt``, ``.pth``, ``.safetensors``): its config is ``model_name`` when given, else an
-  ``open_clip_config.json`` beside the file, else BiomedCLIP's.
-* a registered model name (:data:`TINY_MODEL_NAME`, :data:`BIOMEDCLIP_MODEL_NAME` or an open_clip built-in name) with
-  ``pretrained=False``: the architecture with random weights.
-
-:data:`TINY_MODEL_NAME` is a registered open_clip config with a 2-block, 64-wide, 4-head timm ViT at 64 px and a
-small built-in text transformer; it serves tests and the offline demo (``backbone=TINY_MODEL_NAME,
-pretrained=False``), and :func:`save_tiny_checkpoint` / :func:`save_tiny_local_dir` write it to the two file forms
-so they load through the same path as real checkpoints. Importing this module registers the tiny timm model
-(``vit_vce_tiny_patch16_64``) and the tiny and BiomedCLIP open_clip configs in memory; it writes no file.
+``backbone``: ``"hf-hub:org/repo"``, ``"local-dir:PATH"``, a checkpoint file or a registered model name. Importing
+registers the tiny test model (:data:`TINY_MODEL_NAME`) in memory.
 """
 
 from __future__ import annotations
@@ -281,7 +261,7 @@ def _weights_in_dir(folder: Path) -> Path | None:
 
 
 def resolve_backbone(backbone: str, model_name: str | None = None, pretrained: bool | str = True) -> BackboneSource:
-    """Resolve a backbone string into a config and a weights file (see the module docstring for the forms).
+    """Resolve a backbone string into a config and a weights file (see ``docs/design/networks.md`` for the forms).
 
     Args:
         backbone: ``"hf-hub:org/repo"``, ``"local-dir:/folder"``, a checkpoint file path or a registered model name.

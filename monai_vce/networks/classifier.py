@@ -24,7 +24,7 @@ from .diff_attention import (
     resolve_variant,
 )
 from .heads import DEFAULT_LOGIT_SCALE, SEGatedClassifierHead, TextContrastiveHead
-from .text_embeddings import compute_text_embeddings, load_text_embeddings, save_text_embeddings
+from .text_embeddings import compute_text_embeddings, load_text_embeddings, save_text_embeddings, text_embeddings_hint
 
 __all__ = ["DiffAttnCLIPClassifier", "FUSION_MODES"]
 
@@ -57,7 +57,7 @@ class DiffAttnCLIPClassifier(nn.Module):
 
     Input: RGB frames (B, 3, H, W) with H = W = ``image_size``, ``uint8`` in [0, 255] (what the bundle's
     ``preprocessing`` emits) or float in [0, 1] (what its ``prepare_batch`` hands the network); the scaling of ``uint8``
-    frames and the CLIP mean/std normalisation happen inside (see :mod:`monai_vce.data.frames` for the dtype of a
+    frames and the CLIP mean/std normalisation happen inside (see ``docs/design/data.md`` for the dtype of a
     frame at each stage). :meth:`forward` returns one float32 tensor of raw logits (B, num_classes)
     in train and eval mode, so the network works with MONAI inferers, ``verify_net_in_out`` and TorchScript.
     :meth:`forward_paths` returns both paths for the training loss.
@@ -68,7 +68,9 @@ class DiffAttnCLIPClassifier(nn.Module):
           (:mod:`monai_vce.text_embeddings`) x a learnable logit scale clamped at ``max_logit_scale``
           (:class:`~monai_vce.networks.heads.TextContrastiveHead`). The embeddings come from a file; when the file
           does not exist and ``text_model`` is given, they are computed once with that CLIP model's text tower and
-          saved to the file. Off, with one warning naming the reason, when no embeddings are available.
+          saved to the file. Off, with one warning naming the reason, when no embeddings are available; the reason
+          is kept in ``contrastive_off_reason``, and :class:`~monai_vce.engines.VCETrainer` refuses to train such a
+          network with ``contrastive_weight > 0``.
 
     The contrastive path is a training aid: a checkpoint trained with it loads into a network built without it
     (inference builds none), its ``contrastive_head.*`` entries being ignored.
@@ -82,10 +84,9 @@ class DiffAttnCLIPClassifier(nn.Module):
         attention: ``"diff"`` converts the ViT attention to differential attention, ``"plain"`` keeps it.
         attention_variant: ``"paper"`` (the paper's: constant lambda_init 0.8, no sub-norm), ``"diff_transformer"``
             (Ye et al. 2024: depth schedule of lambda_init and sub-norm; the default, as in the bundle's default
-            recipe) or ``"preserving"`` (computes the pretrained network exactly at initialisation); see
-            :mod:`monai_vce.networks.diff_attention`.
-        conversion_mode: deprecated: ``"paper"`` is the ``"diff_transformer"`` variant, ``"preserving"`` the
-            ``"preserving"`` one (a ``DeprecationWarning``; removed in the next release).
+            recipe), ``"preserving"`` (computes the pretrained network exactly at initialisation) or ``"authors"``
+            (the layout of the paper authors' code: head groups 0..h/2-1 and h/2..h-1, each head its own value,
+            ``proj(concat(A1 V1 - lambda A2 V2, A2 V2))``); see :mod:`monai_vce.networks.diff_attention`.
         lambda_init_schedule: ``"depth"`` (``0.8 - 0.6 exp(-0.3 d)``), ``"constant"`` (0.8) or a number; None takes
             the variant's.
         diff_blocks: indices of the blocks to convert; None converts every block.
@@ -131,7 +132,6 @@ class DiffAttnCLIPClassifier(nn.Module):
         pretrained: bool | str = True,
         attention: str = "diff",
         attention_variant: str | None = None,
-        conversion_mode: str | None = None,
         lambda_init_schedule: LambdaInit | None = None,
         diff_blocks: Sequence[int] | None = None,
         subln: bool | None = None,
@@ -157,7 +157,7 @@ class DiffAttnCLIPClassifier(nn.Module):
         super().__init__()
         if attention not in ("diff", "plain"):
             raise ValueError(f"attention must be 'diff' or 'plain', got {attention!r}")
-        variant = resolve_variant(attention_variant, conversion_mode)
+        variant = resolve_variant(attention_variant)
         if fusion not in FUSION_MODES:
             raise ValueError(f"fusion must be one of {FUSION_MODES}, got {fusion!r}")
         # deferred: the architecture now (random weights, offline: BiomedCLIP's config ships with the package), the
@@ -207,6 +207,11 @@ class DiffAttnCLIPClassifier(nn.Module):
             self.embed_dim, self.num_classes, reduction=se_reduction, dropout=dropout, batch_norm=head_batch_norm
         )
         self.contrastive_head: TextContrastiveHead | None = None
+        #: why the contrastive path is off (one line with the command that computes the embeddings); None when on
+        self.contrastive_off_reason: str | None = (
+            None if contrastive else "the network was built with contrastive=False"
+        )
+        self._text_model_default = str(backbone)
         if contrastive and defer_pretrained and text_embeddings is not None:
             # placeholder embeddings until load_pretrained() reads or computes them
             self.contrastive_head = TextContrastiveHead(
@@ -290,11 +295,17 @@ class DiffAttnCLIPClassifier(nn.Module):
         text_model_name: str | None,
     ) -> torch.Tensor | None:
         """The label-prompt embeddings of the contrastive path, or None (with the one warning) when unavailable."""
+        out = (
+            "bundle/models/text_embeddings.pt"
+            if not isinstance(text_embeddings, (str, os.PathLike))
+            else text_embeddings
+        )
         hint = (
-            "compute them with `python -m monai_vce.text_embeddings --model <CLIP model> --out "
-            "bundle/models/text_embeddings.pt` and pass text_embeddings=<file>"
+            f"{text_embeddings_hint(out, text_model or self._text_model_default)} (`python -m "
+            "monai_vce.text_embeddings` is the same command), and pass text_embeddings=<file>"
         )
         if text_embeddings is None:
+            self.contrastive_off_reason = f"no text_embeddings file given; {hint}"
             warnings.warn(
                 "DiffAttnCLIPClassifier: no text_embeddings file given, so the contrastive path is off (only the "
                 f"classification path is trained); {hint}.",
@@ -306,6 +317,11 @@ class DiffAttnCLIPClassifier(nn.Module):
         try:
             computed = self._compute_text_embeddings(text_model, text_model_name)
         except (ImportError, OSError, RuntimeError, ValueError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            self.contrastive_off_reason = (
+                f"no text embeddings at {text_embeddings}, and the text tower of {text_model!r} cannot compute them "
+                f"({type(err).__name__}: {first}); {hint}"
+            )
             warnings.warn(
                 f"DiffAttnCLIPClassifier: the contrastive path is off (only the classification path is trained): "
                 f"no text embeddings at {text_embeddings}, and the text tower of {text_model!r} cannot compute them "

@@ -1,73 +1,10 @@
 """Differential attention for pretrained timm Vision Transformers, with exact weight transfer.
 
-Differential attention (Ye et al., "Differential Transformer", arXiv 2410.05258) computes two softmax maps per
-head and subtracts one from the other, ``(A1 - lambda * A2) V``, so that attention noise common to both maps
-cancels. :class:`DifferentialAttention` converts the attention of a pretrained ViT block (``timm.layers.Attention``)
-without touching its ``qkv`` and ``proj`` weights; only the lambda vectors and, where a variant uses it, the per-head
-RMS sub-norm are new. Three variants (``variant``), named for what they are:
-
-``"paper"``
-    The recipe of Chary & Ganapathy (2026), "Differential Attention-Augmented BiomedCLIP with Asymmetric Focal
-    Optimization": differential attention with a constant ``lambda_init = 0.8`` in every block and no sub-norm.
-    The ``h`` pretrained heads are paired into ``h / 2`` differential heads: pair ``(2j, 2j + 1)`` gives ``A1``
-    (query/key of head ``2j``) and ``A2`` (head ``2j + 1``); the value of differential head ``j`` is the
-    concatenation of the values of heads ``2j`` and ``2j + 1`` (``2 * head_dim`` wide); the output is
-    ``(A1 - lambda A2) V`` with ``lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init`` (one scalar per block,
-    lambda vectors drawn from N(0, 0.1)). The paper states the two head groups but not which pretrained heads pair
-    up; the adjacent pairing of Ye et al. and timm is used. At step 0 a block computes ``(A1 - lambda A2) V`` with
-    the pretrained maps and ``lambda`` about 0.8: fine-tuning starts from the pretrained weights, not from the
-    pretrained function.
-
-``"diff_transformer"``
-    The layout of Ye et al., "Differential Transformer" (arXiv 2410.05258, 2024): the same pairing, with the
-    depth schedule ``lambda_init = 0.8 - 0.6 exp(-0.3 d)`` at block depth ``d`` (0.2 to 0.78) and the output
-    RMS-normalised per differential head and scaled by ``1 - lambda_init`` (the sub-norm), so that at step 0 too
-    a block computes another function than the pretrained one. (``mode="paper"`` of earlier releases meant this
-    variant.)
-
-``"preserving"``
-    Function-preserving at initialisation. All ``h`` heads keep their own map and value; head ``i`` subtracts
-    the map of its pair partner ``i ^ 1`` (same pairing): ``out_i = (A_i - lambda A_{i^1}) v_i``.
-    ``lambda_init`` is 0, the second lambda pair starts as a copy of the first, so ``lambda`` is exactly 0 at
-    initialisation while its gradient is not (``d lambda / d lq1 = exp(lq1 . lk1) lk1``), and no sub-norm is
-    applied: the converted network computes the pretrained one exactly at step 0 and learns how much noise map
-    to subtract. Trade-off against the paired variants: the noise map of a head is another pretrained head's map
-    (shared query/key weights) rather than a map dedicated to noise, the differential heads keep ``head_dim``-wide
-    values instead of ``2 * head_dim``, and without the sub-norm the output magnitude drifts as ``lambda`` grows
-    (the following LayerNorm and MLP absorb it). It adds no parameter besides the four lambda vectors.
-
-``lambda_init`` and ``sub_norm`` can override a paired variant's values (e.g. the depth schedule without sub-norm).
-
-All variants compute the ``2 h`` maps from the unchanged fused ``qkv`` projection and apply each map to the
-``2 * head_dim``-wide value of its head pair, so they cost the same. Attention implementations (``attn_impl``):
-
-* ``"sdpa"``: one :func:`torch.nn.functional.scaled_dot_product_attention` call per block, on every device (fused
-  flash / memory-efficient kernels on accelerators, the fused flash kernel on CPU). Fused kernels need queries,
-  keys and values of one width, while a differential head pairs ``head_dim``-wide queries/keys with a
-  ``2 * head_dim``-wide value. The call therefore runs over the ``h / 2`` head pairs with ``2 N`` query rows: rows
-  ``[0, N)`` hold ``[q_2j, 0]``, rows ``[N, 2 N)`` hold ``[0, q_2j+1]``, against the keys ``[k_2j, k_2j+1]`` and the
-  value ``[v_2j, v_2j+1]`` of the pair (both plain views of the ``qkv`` output). The zeros select the key half of
-  each head, so with the scale ``head_dim ** -0.5`` given explicitly the rows give exactly ``A1 [v_2j, v_2j+1]``
-  and ``A2 [v_2j, v_2j+1]``; the two are then combined with ``lambda``. Only the query is copied (once, into the
-  zero-padded layout); the ``A V`` product has twice the FLOPs of plain attention, as the paper's layout implies,
-  and the ``Q K^T`` product spends half its FLOPs on the zeros.
-* ``"explicit"``: the softmax maps as matrices (:meth:`DifferentialAttention.attention_maps` shares this code),
-  combined per pair before the value product. A reference for tests and debugging, not a runtime path.
-* ``"auto"`` (default): ``"sdpa"``, unless timm's fused-attention switch is off (``TIMM_FUSED_ATTN=0`` or
-  :func:`timm.layers.set_fused_attn`), in which case ``"explicit"``, as timm's own attention modules do.
-
-The module subclasses :class:`timm.layers.DiffAttention` (timm >= 1.0.23) rather than duplicating it: with
-``num_heads = h / 2`` timm's module has the paper's layout and the same ``qkv`` / ``proj`` shapes and channel order
-as ``timm.layers.Attention`` with ``h`` heads (query/key head ``i`` at channels ``[i d, (i + 1) d)``, value of
-differential head ``j`` at ``[2 j d, 2 (j + 1) d)``), so the pretrained linear layers drop in unchanged; its lambda
-parameterisation, initialisation and parameter names are reused. The subclass adds the variants (function-preserving
-layout, configurable lambda_init schedule and sub-norm), a single SDPA call that hits the fused CPU kernel (timm's fused path
-makes two calls with a value wider than the query, which on CPU run PyTorch's unfused math kernel) and
-:meth:`DifferentialAttention.attention_maps` for inspection.
+:class:`DifferentialAttention` subclasses :class:`timm.layers.DiffAttention` and keeps the ``qkv`` / ``proj``
+weights of ``timm.layers.Attention``. Reference: Ye et al., "Differential Transformer", arXiv 2410.05258.
 """
 
 import math
-import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -79,7 +16,6 @@ from torch.jit import Final
 
 __all__ = [
     "ATTENTION_VARIANTS",
-    "CONVERSION_MODES",
     "ATTENTION_IMPLEMENTATIONS",
     "DifferentialAttention",
     "lambda_init_for_depth",
@@ -89,11 +25,8 @@ __all__ = [
     "find_vit_blocks",
 ]
 
-#: Accepted values of ``variant`` (see the module docstring).
-ATTENTION_VARIANTS: tuple[str, ...] = ("paper", "diff_transformer", "preserving")
-#: Deprecated values of ``mode`` / ``conversion_mode``: ``"paper"`` is the ``"diff_transformer"`` variant.
-CONVERSION_MODES: tuple[str, ...] = ("paper", "preserving")
-_MODE_TO_VARIANT = {"paper": "diff_transformer", "preserving": "preserving"}
+#: Accepted values of ``variant`` (see ``docs/design/networks.md``).
+ATTENTION_VARIANTS: tuple[str, ...] = ("paper", "diff_transformer", "preserving", "authors")
 #: Accepted values of ``attn_impl``.
 ATTENTION_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "sdpa", "explicit")
 
@@ -104,34 +37,21 @@ _VARIANT_DEFAULTS: dict[str, tuple[LambdaInit, bool]] = {
     "paper": ("constant", False),
     "diff_transformer": ("depth", True),
     "preserving": (0.0, False),
+    "authors": ("constant", False),
 }
+#: std of the normal draw of the lambda vectors: Ye et al.'s 0.1 (timm's), the authors' code 0.02
+_LAMBDA_STD = {"authors": 0.02}
 
 
-def resolve_variant(variant: str | None = None, mode: str | None = None, stacklevel: int = 3) -> str:
-    """The attention variant from ``variant`` or the deprecated ``mode`` (``conversion_mode``) value.
+def resolve_variant(variant: str | None = None) -> str:
+    """The attention variant ``variant``, checked; None is ``"diff_transformer"`` (the bundle's default recipe).
 
     Args:
-        variant: one of :data:`ATTENTION_VARIANTS`, or None to take ``mode`` (default ``"diff_transformer"``, the
-            layout of earlier releases and of the bundle's default recipe).
-        mode: deprecated: ``"paper"`` (Ye et al.'s layout, now ``"diff_transformer"``) or ``"preserving"``; warns
-            with a ``DeprecationWarning``.
-        stacklevel: stack level of the warning.
+        variant: one of :data:`ATTENTION_VARIANTS`, or None.
 
     Raises:
-        ValueError: an unknown value, or both arguments given.
+        ValueError: an unknown value.
     """
-    if mode is not None:
-        if variant is not None:
-            raise ValueError(f"give the attention variant once: variant={variant!r} and the deprecated mode={mode!r}")
-        if mode not in _MODE_TO_VARIANT:
-            raise ValueError(f"mode must be one of {CONVERSION_MODES} (deprecated; use variant), got {mode!r}")
-        variant = _MODE_TO_VARIANT[mode]
-        warnings.warn(
-            f"the conversion mode {mode!r} is deprecated and will be removed in the next release: use the attention "
-            f"variant {variant!r} (the paper's recipe, constant lambda_init 0.8 without sub-norm, is 'paper')",
-            DeprecationWarning,
-            stacklevel=stacklevel,
-        )
     variant = "diff_transformer" if variant is None else variant
     if variant not in ATTENTION_VARIANTS:
         raise ValueError(f"attention variant must be one of {ATTENTION_VARIANTS}, got {variant!r}")
@@ -174,7 +94,7 @@ def resolve_lambda_init(schedule: LambdaInit, depth: int) -> float:
 
 
 class DifferentialAttention(DiffAttention):
-    """Differential attention in one of the variants of the module docstring (``"diff_transformer"`` by default).
+    """Differential attention in one of the variants of ``docs/design/networks.md`` (``"diff_transformer"`` by default).
 
     The module computes ``2 * num_heads`` softmax maps of ``head_dim = dim // (2 * num_heads)`` channels, i.e. a
     pretrained block with ``h`` heads converts to ``num_heads = h / 2``. Build it from a pretrained attention with
@@ -191,21 +111,24 @@ class DifferentialAttention(DiffAttention):
         proj_drop: dropout after the output projection.
         norm_layer: normalisation layer for ``qk_norm`` / ``scale_norm`` (timm's ``RmsNorm`` when None).
         depth: 0-based block index, fed to the lambda_init schedule.
-        variant: ``"paper"``, ``"diff_transformer"`` or ``"preserving"`` (see the module docstring).
+        variant: ``"paper"``, ``"diff_transformer"``, ``"preserving"`` or ``"authors"`` (the layout of the paper
+            authors' code: ``proj(concat(A1 V1 - lambda A2 V2, A2 V2))`` over head groups ``0 .. h/2-1`` and
+            ``h/2 .. h-1``; see ``docs/design/networks.md``).
         lambda_init: schedule of :func:`resolve_lambda_init`; None takes the variant's (``"constant"`` 0.8 for
-            ``"paper"``, ``"depth"`` for ``"diff_transformer"``); ignored by ``"preserving"``, where it is 0.
+            ``"paper"`` and ``"authors"``, ``"depth"`` for ``"diff_transformer"``); ignored by ``"preserving"``,
+            where it is 0.
         sub_norm: RMS-normalise each differential head (``2 * head_dim`` channels) and scale by
             ``1 - lambda_init``; None takes the variant's (on for ``"diff_transformer"`` only). Never applied by
-            ``"preserving"``.
+            ``"preserving"``; ``"authors"`` refuses True.
         attn_impl: ``"auto"`` (SDPA unless timm's fused-attention switch is off), ``"sdpa"`` or ``"explicit"`` (the
-            reference path of :meth:`attention_maps`; see the module docstring).
+            reference path of :meth:`attention_maps`; see ``docs/design/networks.md``).
         device: device of the new parameters.
         dtype: dtype of the new parameters (the lambda vectors are always float32).
-        mode: deprecated name of the variant: ``"paper"`` meant ``"diff_transformer"``; ``"preserving"``.
     """
 
     use_sub_norm: Final[bool]
     preserving: Final[bool]
+    authors: Final[bool]
 
     def __init__(
         self,
@@ -225,14 +148,15 @@ class DifferentialAttention(DiffAttention):
         attn_impl: str = "auto",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
-        mode: str | None = None,
     ) -> None:
-        variant = resolve_variant(variant, mode)
+        variant = resolve_variant(variant)
         default_lambda_init, default_sub_norm = _VARIANT_DEFAULTS[variant]
         if attn_impl not in ATTENTION_IMPLEMENTATIONS:
             raise ValueError(f"attn_impl must be one of {ATTENTION_IMPLEMENTATIONS}, got {attn_impl!r}")
         if dim % (2 * num_heads):
             raise ValueError(f"dim ({dim}) must be divisible by 2 * num_heads ({2 * num_heads})")
+        if variant == "authors" and sub_norm:
+            raise ValueError("diff_attention.py: the 'authors' variant has no sub-norm; leave sub_norm None or False")
         super().__init__(
             dim,
             num_heads=num_heads,
@@ -250,6 +174,12 @@ class DifferentialAttention(DiffAttention):
         )
         self.variant = variant
         self.preserving = variant == "preserving"
+        self.authors = variant == "authors"
+        if self.authors:
+            # one (1, head_dim) vector per differential head, as in the authors' code (timm's: one shared vector)
+            for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+                shape = (num_heads, 1, self.head_dim)
+                setattr(self, name, nn.Parameter(torch.empty(shape, dtype=torch.float32, device=device)))
         self.attn_impl = attn_impl
         self.depth = depth
         self.lambda_init_schedule = default_lambda_init if lambda_init is None else lambda_init
@@ -269,8 +199,13 @@ class DifferentialAttention(DiffAttention):
         self.output_scale = 1.0 - self.lambda_init if getattr(self, "use_sub_norm", True) else 1.0
 
     def reset_parameters(self) -> None:
-        """Draw the lambda vectors from N(0, 0.1); ``"preserving"``: the second pair copies the first (lambda = 0)."""
+        """Draw the lambda vectors from N(0, 0.1) (``"authors"``: N(0, 0.02)); ``"preserving"``: the second pair
+        copies the first (lambda = 0)."""
         super().reset_parameters()
+        std = _LAMBDA_STD.get(getattr(self, "variant", ""))
+        if std is not None:
+            for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+                nn.init.normal_(getattr(self, name), mean=0.0, std=std)
         if getattr(self, "preserving", False):
             with torch.no_grad():
                 self.lambda_q2.copy_(self.lambda_q1)  # type: ignore[union-attr,arg-type]  # set by timm
@@ -285,7 +220,6 @@ class DifferentialAttention(DiffAttention):
         lambda_init: LambdaInit | None = None,
         sub_norm: bool | None = None,
         attn_impl: str = "auto",
-        mode: str | None = None,
     ) -> "DifferentialAttention":
         """Convert a ``timm.layers.Attention`` with an even number of heads, reusing its modules as they are.
 
@@ -295,17 +229,16 @@ class DifferentialAttention(DiffAttention):
         Args:
             attn: the pretrained attention module.
             depth: 0-based block index (for the lambda_init schedule).
-            variant: ``"paper"``, ``"diff_transformer"`` or ``"preserving"``.
+            variant: ``"paper"``, ``"diff_transformer"``, ``"preserving"`` or ``"authors"``.
             lambda_init: see :class:`DifferentialAttention`.
             sub_norm: see :class:`DifferentialAttention`.
             attn_impl: ``"auto"``, ``"sdpa"`` or ``"explicit"``.
-            mode: deprecated name of the variant (see :class:`DifferentialAttention`).
 
         Raises:
             TypeError: when ``attn`` is not a plain ``timm.layers.Attention``.
             ValueError: for an odd number of heads, a gated attention or a head width that differs from dim / heads.
         """
-        variant = resolve_variant(variant, mode)
+        variant = resolve_variant(variant)
         if not isinstance(attn, Attention) or isinstance(attn, DiffAttention):
             raise TypeError(f"expected a timm.layers.Attention module, got {type(attn).__name__}")
         if attn.num_heads % 2:
@@ -344,6 +277,18 @@ class DifferentialAttention(DiffAttention):
         """The current ``lambda`` (a float32 scalar tensor, differentiable)."""
         return self._compute_lambda()
 
+    def _compute_lambda(self) -> torch.Tensor:
+        """``exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init``; ``"authors"``: the mean over the differential heads of
+        ``exp(min(lq1 . lk1, 5)) - exp(min(lq2 . lk2, 5)) + lambda_init``, each head with its own vectors."""
+        # (timm types the vectors Optional: None with dual_lambda, never used here)
+        prod1 = self.lambda_q1 * self.lambda_k1  # type: ignore[operator]
+        prod2 = self.lambda_q2 * self.lambda_k2  # type: ignore[operator]
+        if self.authors:  # each dot product clamped at 5 before the exponential, as in the authors' code
+            dot1 = prod1.sum(dim=[-2, -1]).float().clamp(max=5.0)
+            dot2 = prod2.sum(dim=[-2, -1]).float().clamp(max=5.0)
+            return (torch.exp(dot1) - torch.exp(dot2) + self.lambda_init).mean()
+        return torch.exp(prod1.sum(dim=-1).float()) - torch.exp(prod2.sum(dim=-1).float()) + self.lambda_init
+
     def extra_repr(self) -> str:
         return (
             f"variant={self.variant}, num_heads={self.num_heads}, head_dim={self.head_dim}, depth={self.depth}, "
@@ -371,7 +316,7 @@ class DifferentialAttention(DiffAttention):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``A1 V_j`` and ``A2 V_j`` (each (B, num_heads, N, 2 * head_dim)) with one fused SDPA call.
 
-        See the module docstring: the pair's two query sets are stacked along the sequence, each zero-padded on the
+        See ``docs/design/networks.md``: the pair's two query sets are stacked along the sequence, each zero-padded on the
         half of the other head, against the pair's concatenated keys and values, so that q, k and v share one width.
         """
         B, H, N, d = q.shape
@@ -439,17 +384,51 @@ class DifferentialAttention(DiffAttention):
             ``(maps, lambda)``: ``maps`` of shape (B, num_heads, 2, N, N) where ``maps[:, j, 0]`` is A1 and
             ``maps[:, j, 1]`` is A2 of differential head ``j`` (the softmax maps of single heads ``2j`` and
             ``2j + 1``). For ``"preserving"`` single head ``2j`` subtracts ``maps[:, j, 1]`` and head ``2j + 1``
-            subtracts ``maps[:, j, 0]``.
+            subtracts ``maps[:, j, 0]``. For ``"authors"`` A1 and A2 of differential head ``j`` are the maps of
+            single heads ``j`` and ``j + num_heads``.
         """
         B, N, _ = x.shape
         q, k, _, _ = self._qkv(x)
         maps = self._softmax_maps(q, k, attn_mask, is_causal)
+        if self.authors:
+            return maps.view(B, 2, self.num_heads, N, N).transpose(1, 2), self._compute_lambda()
         return maps.view(B, self.num_heads, 2, N, N), self._compute_lambda()
+
+    def _authors_heads(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool
+    ) -> torch.Tensor:
+        """``concat(A1 V1 - lambda A2 V2, A2 V2)`` (B, N, dim) of the ``"authors"`` variant: every single head
+        attends with its own value (one SDPA call, the pretrained attention), then group 2 is subtracted from group 1.
+        """
+        B, H, N, d = q.shape
+        if attn_mask is not None and attn_mask.dim() >= 3 and attn_mask.size(-3) not in (1, H):
+            raise ValueError(
+                f"diff_attention.py: attn_mask must broadcast to (B, {H}, {N}, {N}) (one map per single head), "
+                f"got shape {list(attn_mask.shape)}"
+            )
+        if self._use_sdpa():
+            out = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=None if is_causal else attn_mask,
+                dropout_p=self.attn_drop.p if self.training else 0.0,
+                is_causal=is_causal,
+                scale=self.scale,
+            )
+        else:
+            out = self.attn_drop(self._softmax_maps(q, k, attn_mask, is_causal)) @ v
+        out = out.transpose(1, 2)  # (B, N, H, d): the pretrained heads in their channel order
+        neg_lam = -self._compute_lambda().to(out.dtype)
+        group1, group2 = out[:, :, : H // 2], out[:, :, H // 2 :]
+        return torch.cat((torch.addcmul(group1, group2, neg_lam), group2), dim=2).reshape(B, N, H * d)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         B, N, C = x.shape
         h, d = self.num_heads, self.head_dim
-        q, k, _, v_pair = self._qkv(x)
+        q, k, v, v_pair = self._qkv(x)
+        if self.authors:
+            return self.proj_drop(self.proj(self.norm(self._authors_heads(q, k, v, attn_mask, is_causal))))
         neg_lam = -self._compute_lambda()
         if self._use_sdpa():
             o1, o2 = self._sdpa_pairs(q, k, v_pair, attn_mask, is_causal)  # A1 V_j and A2 V_j, (B, h, N, 2d)
@@ -518,19 +497,18 @@ def convert_to_diff_attention(
     lambda_init: LambdaInit | None = None,
     sub_norm: bool | None = None,
     attn_impl: str = "auto",
-    mode: str | None = None,
 ) -> list[int]:
     """Replace, in place, the attention of ViT blocks by :class:`DifferentialAttention`, keeping the weights.
 
     Args:
         model: a timm ``VisionTransformer``, an open_clip ``TimmModel`` or a module with ``.visual.trunk``.
-        variant: ``"paper"``, ``"diff_transformer"`` (default) or ``"preserving"`` (see the module docstring).
+        variant: ``"paper"``, ``"diff_transformer"`` (default), ``"preserving"`` or ``"authors"`` (see
+            ``docs/design/networks.md``).
         blocks: indices of the blocks to convert (negative indices count from the end); None converts all.
         lambda_init: lambda_init schedule (see :func:`resolve_lambda_init`; None: the variant's); the depth is the
             block index.
         sub_norm: per-head RMS norm and ``1 - lambda_init`` scale (None: the variant's).
         attn_impl: ``"auto"``, ``"sdpa"`` or ``"explicit"`` (see :class:`DifferentialAttention`).
-        mode: deprecated name of the variant (``"paper"`` meant ``"diff_transformer"``).
 
     Returns:
         The sorted indices of the converted blocks.
@@ -539,7 +517,7 @@ def convert_to_diff_attention(
         ValueError: for an index out of range, or a block that cannot be converted (the message names it).
         TypeError: when a block's attention is not a timm ``Attention`` (for instance already converted).
     """
-    variant = resolve_variant(variant, mode)
+    variant = resolve_variant(variant)
     vit_blocks = find_vit_blocks(model)
     n = len(vit_blocks)
     if blocks is None:

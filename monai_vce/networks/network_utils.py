@@ -1,9 +1,7 @@
-"""Helpers that the bundle applies to whatever network ``network_def`` builds: optimizer groups and deferred weights.
+"""Optimizer groups and deferred weights of whatever network ``network_def`` builds.
 
-The bundle's configs call these instead of methods of :class:`~monai_vce.networks.DiffAttnCLIPClassifier`, so that
-``network_def`` can be replaced by any ``torch.nn.Module`` (a MONAI ``DenseNet121``, a torchvision or timm model):
-a network that offers ``param_groups(...)`` or ``load_pretrained()`` gets them used, any other network one optimizer
-group and no weight loading.
+A network offering ``param_groups(...)`` / ``load_pretrained()`` gets them used; any other ``torch.nn.Module`` gets
+one optimizer group and no weight loading.
 """
 
 from __future__ import annotations

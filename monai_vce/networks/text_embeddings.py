@@ -1,39 +1,103 @@
 """Text embeddings of the label prompts, for the contrastive path of :class:`~monai_vce.networks.DiffAttnCLIPClassifier`.
 
-Each label has several prompt variants (:func:`monai_vce.labels.all_prompts`); each variant is embedded with the
-CLIP text tower and L2-normalised, the variants of a label are averaged and the mean is normalised again (CLIP's
-prompt ensembling). The result is saved with ``torch.save`` as ``{"labels": [17 names], "embeddings": (17, D)
-float32 tensor, "model": source, "prompts": {label: [variants]}}`` and read back with ``weights_only=True``.
-
-Command line::
-
-    python -m monai_vce.text_embeddings --model hf-hub:microsoft/BiomedCLIP-PubMedBERT_256-vit_base_patch16_224 \\
-        --out bundle/models/text_embeddings.pt
-    python -m monai_vce.text_embeddings --model local-dir:/models/biomedclip --out bundle/models/text_embeddings.pt
-    python -m monai_vce.text_embeddings --model /models/open_clip_pytorch_model.bin --out text_embeddings.pt
-
-BiomedCLIP's text tower is a Hugging Face BiomedBERT, so computing its embeddings needs ``transformers`` (and the
-BiomedBERT config from the hub or its cache); training and inference only read the saved file.
+CLIP prompt ensembling, saved as ``{"labels", "embeddings": (17, D) float32, "model", "prompts"}``; computing them
+needs ``transformers`` (and, offline, a local folder of the Hugging Face text tower), reading them does not.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import io
-import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from monai_vce.cli import command_main
 from monai_vce.labels import LABELS, all_prompts
 from monai_vce.utils import atomic_write_bytes, seal_torch_bytes
 
-from .backbone import read_torch_file, resolve_backbone
+from .backbone import BIOMEDCLIP_CONFIG, BIOMEDCLIP_HUB_ID, read_torch_file, resolve_backbone
 
-__all__ = ["compute_text_embeddings", "save_text_embeddings", "load_text_embeddings", "main"]
+__all__ = [
+    "BIOMEDBERT_HUB_ID",
+    "compute_text_embeddings",
+    "save_text_embeddings",
+    "load_text_embeddings",
+    "resolve_text_config",
+    "text_embeddings_hint",
+    "main",
+]
+
+#: the Hugging Face repository of BiomedCLIP's text tower (its config and tokenizer; the weights are BiomedCLIP's)
+BIOMEDBERT_HUB_ID: str = BIOMEDCLIP_CONFIG["model_cfg"]["text_cfg"]["hf_model_name"]
+# files of a Hugging Face text-tower folder: the config, and one of the tokenizer files
+_CONFIG_FILE = "config.json"
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+
+
+def text_embeddings_hint(out: str | os.PathLike = "bundle/models/text_embeddings.pt", model: str | None = None) -> str:
+    """One sentence saying how to write ``out``: the command, and what it needs once (for error messages)."""
+    return (
+        f"compute them once with `python -m monai_vce text-embeddings --model {model or BIOMEDCLIP_HUB_ID} "
+        f"--out {out}` (add `--text-config /path/to/{BIOMEDBERT_HUB_ID.rsplit('/', 1)[-1]}` offline); it needs the "
+        f"BiomedBERT config and tokenizer ({BIOMEDBERT_HUB_ID}: config.json, vocab.txt) once, from the hub, the "
+        "Hugging Face cache or that folder"
+    )
+
+
+def _snapshot(repo_dir: Path) -> Path | None:
+    """The snapshot folder of a Hugging Face cache repository folder (``models--org--name``): ``refs/main``'s,
+    else the newest snapshot holding a config."""
+    ref = repo_dir / "refs" / "main"
+    if ref.is_file():
+        folder = repo_dir / "snapshots" / ref.read_text(encoding="utf-8").strip()
+        if (folder / _CONFIG_FILE).is_file():
+            return folder
+    snapshots = [d for d in (repo_dir / "snapshots").glob("*") if (d / _CONFIG_FILE).is_file()]
+    return max(snapshots, key=lambda d: d.stat().st_mtime) if snapshots else None
+
+
+def resolve_text_config(folder: str | os.PathLike, repo_id: str = BIOMEDBERT_HUB_ID) -> Path:
+    """The folder holding a Hugging Face text tower's config and tokenizer, from a local copy or a cache.
+
+    Args:
+        folder: a folder in the hub repository's layout (``config.json``, ``vocab.txt`` or ``tokenizer.json``,
+            ``tokenizer_config.json``), or a Hugging Face cache folder holding ``repo_id`` (``~/.cache/huggingface``,
+            its ``hub`` folder, or the ``models--org--name`` folder itself).
+        repo_id: the repository looked for in a cache (the config's ``text_cfg.hf_model_name``).
+
+    Returns:
+        The folder with ``config.json`` and a tokenizer file.
+
+    Raises:
+        FileNotFoundError: no such folder, or neither the layout nor a cache of ``repo_id`` (one line naming it).
+    """
+    given = Path(folder).expanduser()
+    if not given.is_dir():
+        raise FileNotFoundError(f"text config folder not found: {given} (expected a local copy of {repo_id})")
+    cache_name = "models--" + repo_id.replace("/", "--")
+    candidates = [given]
+    for repo_dir in (given, given / cache_name, given / "hub" / cache_name):
+        if repo_dir.name.startswith("models--") and repo_dir.is_dir():
+            snapshot = _snapshot(repo_dir)
+            if snapshot is not None:
+                candidates.append(snapshot)
+    for candidate in candidates:
+        if (candidate / _CONFIG_FILE).is_file():
+            if not any((candidate / name).is_file() for name in _TOKENIZER_FILES):
+                raise FileNotFoundError(
+                    f"text config folder {candidate} has no tokenizer ({' or '.join(_TOKENIZER_FILES)}); expected "
+                    f"the files of {repo_id}"
+                )
+            return candidate
+    raise FileNotFoundError(
+        f"text config folder {given} holds neither {_CONFIG_FILE} (the layout of {repo_id}: config.json, vocab.txt, "
+        f"tokenizer_config.json) nor a Hugging Face cache of {repo_id}"
+    )
 
 
 def load_text_embeddings(
@@ -107,12 +171,49 @@ def _require_text_tower(model_cfg: Mapping[str, Any], spec: str) -> None:
         )
 
 
+@contextlib.contextmanager
+def _hf_errors(model: str, text_cfg: Mapping[str, Any], what: str) -> Iterator[None]:
+    """Turn transformers' many-line 'cannot find' errors into one line saying what to pass."""
+    try:
+        yield
+    except OSError as err:
+        name = text_cfg.get("hf_tokenizer_name" if what == "tokenizer" else "hf_model_name")
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RuntimeError(
+            f"the text tower of {model!r} needs the {what} of {name}, which cannot be loaded ({first}); download "
+            f"{name} once (config.json, vocab.txt, tokenizer_config.json) and pass its folder or the Hugging Face "
+            "cache as --text-config"
+        ) from None
+
+
+def _tokenizer(open_clip_name: str, text_cfg: Mapping[str, Any], local: Path | None) -> Any:
+    """open_clip's tokenizer of the model, from ``local`` when given; a ``local-dir:`` folder without tokenizer
+    files (a BiomedCLIP snapshot) falls back to the config's ``hf_tokenizer_name``."""
+    import open_clip
+    from open_clip.tokenizer import DEFAULT_CONTEXT_LENGTH, HFTokenizer
+
+    source: str | None = str(local) if local is not None else None
+    if source is None and "hf_tokenizer_name" in text_cfg and open_clip_name.startswith("local-dir:"):
+        folder = Path(open_clip_name[len("local-dir:") :])
+        if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+            source = str(text_cfg["hf_tokenizer_name"])
+    if source is None:
+        return open_clip.get_tokenizer(open_clip_name)
+    return HFTokenizer(
+        source,
+        context_length=text_cfg.get("context_length", DEFAULT_CONTEXT_LENGTH),
+        tokenizer_mode=text_cfg.get("tokenizer_mode"),
+        **text_cfg.get("tokenizer_kwargs", {}),
+    )
+
+
 def compute_text_embeddings(
     model: str,
     model_name: str | None = None,
     prompts: Mapping[str, Sequence[str]] | None = None,
     device: str = "cpu",
     batch_size: int = 64,
+    text_config: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Embed the label prompts with an open_clip model's text tower.
 
@@ -124,6 +225,14 @@ def compute_text_embeddings(
             :func:`~monai_vce.labels.all_prompts`.
         device: device to run the text tower on.
         batch_size: prompts per forward pass.
+        text_config: for a Hugging Face text tower (BiomedCLIP's BiomedBERT), a local folder of it (hub layout) or a
+            Hugging Face cache holding it (:func:`resolve_text_config`): its config builds the text tower, its
+            tokenizer tokenises, nothing is downloaded. None: the config's ``hf_model_name`` from the hub or its
+            cache, the tokenizer from a ``local-dir:`` folder when it has one (open_clip's rule), else likewise.
+
+    Raises:
+        FileNotFoundError: a missing ``text_config`` folder or files (one line naming it).
+        RuntimeError: the Hugging Face text config or tokenizer cannot be had (one line saying what to pass).
 
     Returns:
         ``{"labels": list(LABELS), "embeddings": (17, D) float32 CPU tensor (L2-normalised), "model": model,
@@ -140,25 +249,31 @@ def compute_text_embeddings(
     source = resolve_backbone(model, model_name=model_name, pretrained=True)
     model_cfg = dict(source.model_cfg)
     _require_text_tower(model_cfg, model)
-    is_hf_text = "hf_model_name" in model_cfg.get("text_cfg", {})
+    text_cfg = dict(model_cfg.get("text_cfg", {}))
+    is_hf_text = "hf_model_name" in text_cfg
     custom_text = bool(model_cfg.pop("custom_text", False)) or is_hf_text
+    local = resolve_text_config(text_config, str(text_cfg.get("hf_model_name"))) if text_config is not None else None
+    if local is not None and not is_hf_text:
+        raise ValueError(f"--text-config {text_config}: the text tower of {model!r} is not a Hugging Face model")
     if is_hf_text:
-        model_cfg["text_cfg"] = {
-            **model_cfg["text_cfg"],
-            "hf_model_pretrained": False,
-        }  # weights come from the checkpoint
+        text_cfg["hf_model_pretrained"] = False  # the weights come from the checkpoint
+        if local is not None:  # the text tower's config and tokenizer from the local folder, offline
+            text_cfg["hf_model_name"] = text_cfg["hf_tokenizer_name"] = str(local)
+        model_cfg["text_cfg"] = text_cfg
     vision_cfg = dict(model_cfg["vision_cfg"])
     if vision_cfg.get("timm_model_name"):
         vision_cfg["timm_model_pretrained"] = False
     model_cfg["vision_cfg"] = vision_cfg
     cls = open_clip.CustomTextCLIP if custom_text else open_clip.CLIP
-    clip = cls(**model_cfg)
+    with _hf_errors(model, text_cfg, "config"):
+        clip = cls(**model_cfg)
     try:
         open_clip.load_checkpoint(clip, str(source.checkpoint), strict=True)
     except RuntimeError as err:
         raise ValueError(f"checkpoint {source.checkpoint} does not match the config of {model!r}: {err}") from err
     clip = clip.to(device).eval()
-    tokenizer = open_clip.get_tokenizer(source.open_clip_name)
+    with _hf_errors(model, text_cfg, "tokenizer"):
+        tokenizer = _tokenizer(source.open_clip_name, text_cfg, local)
 
     flat = [p for label in LABELS for p in prompts[label]]
     chunks = []
@@ -190,39 +305,53 @@ def save_text_embeddings(result: Mapping[str, Any], path: str | os.PathLike) -> 
     return atomic_write_bytes(path, seal_torch_bytes(buffer.getvalue()))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line entry point; prints a JSON summary of the written file."""
-    parser = argparse.ArgumentParser(
-        prog="python -m monai_vce.text_embeddings",
-        description="Compute the label-prompt text embeddings of the contrastive path from a CLIP checkpoint.",
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``text-embeddings`` command to ``subparsers``; returns its parser."""
+    p = subparsers.add_parser(
+        "text-embeddings",
+        description="Compute the label-prompt text embeddings of the contrastive path from a CLIP checkpoint; "
+        "BiomedCLIP's text tower needs transformers.",
     )
-    parser.add_argument(
+    p.add_argument(
         "--model",
         required=True,
         help="hf-hub:org/repo, local-dir:/folder (open_clip_config.json + weights), or a checkpoint file",
     )
-    parser.add_argument(
-        "--model-name", default=None, help="open_clip config of a checkpoint file (default: BiomedCLIP's)"
+    p.add_argument("--model-name", default=None, help="open_clip config of a checkpoint file (default: BiomedCLIP's)")
+    p.add_argument(
+        "--text-config",
+        default=None,
+        help="offline: a local folder of the Hugging Face text tower (BiomedBERT's hub layout: config.json, vocab.txt, "
+        "tokenizer_config.json) or a Hugging Face cache folder holding it; default: the hub or its cache",
     )
-    parser.add_argument("--out", required=True, help="output .pt file, e.g. bundle/models/text_embeddings.pt")
-    parser.add_argument("--device", default="cpu", help="device of the text tower (default: cpu)")
-    parser.add_argument("--batch-size", type=int, default=64, help="prompts per forward pass")
-    args = parser.parse_args(argv)
-    try:
-        result = compute_text_embeddings(
-            args.model, model_name=args.model_name, device=args.device, batch_size=args.batch_size
-        )
-        out = save_text_embeddings(result, args.out)
-    except (OSError, RuntimeError, ValueError) as err:
-        parser.exit(2, f"error: {err}\n")
-    summary = {
+    p.add_argument("--out", required=True, help="output .pt file, e.g. bundle/models/text_embeddings.pt")
+    p.add_argument("--device", default="cpu", help="device of the text tower (default: cpu)")
+    p.add_argument("--batch-size", type=int, default=64, help="prompts per forward pass")
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Compute and save the embeddings of ``args``; returns the printed summary of the written file."""
+    result = compute_text_embeddings(
+        args.model,
+        model_name=args.model_name,
+        device=args.device,
+        batch_size=args.batch_size,
+        text_config=args.text_config,
+    )
+    out = save_text_embeddings(result, args.out)
+    return {
         "out": str(out),
         "model": args.model,
         "labels": len(result["labels"]),
         "embed_dim": int(result["embeddings"].shape[1]),
     }
-    print(json.dumps(summary))
-    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m monai_vce.text_embeddings``, the same as ``python -m monai_vce text-embeddings``."""
+    return command_main(add_parser, argv, "python -m monai_vce.text_embeddings")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,5 @@
-"""Temporal decoding: per-frame probabilities -> events of the RARE-VISION event JSON.
-
-Module map: :mod:`.steps` (how a decoding step and its parameters are defined), :mod:`.chain` (the per-label
-chain and its step registry), :mod:`.anatomy` (Viterbi section decoding), :mod:`.gating` (presence rules),
-:mod:`.core` (the kernels shared by the decoder and its tuning), :mod:`.params` (the parameters),
-:mod:`.decoder` (the decoder), :mod:`.tuning` (fitting the parameters), :mod:`.thresholds` (F1 thresholds),
-:mod:`.simulate` (simulated probabilities for benchmarks).
+"""Temporal decoding: per-frame probabilities -> events of the RARE-VISION event JSON (the chain, anatomy
+decoding, presence gating, the decoder, its parameters and tuning, F1 thresholds).
 """
 
 from __future__ import annotations

@@ -1,36 +1,5 @@
-"""Anatomy decoding: one section per frame along the gut, landmarks near section boundaries.
-
-A capsule passes mouth -> esophagus -> stomach -> small intestine -> colon. :func:`viterbi_sections` decodes
-exactly one section per frame with a left-to-right hidden Markov model whose transitions cost (in nats):
-
-- staying in a section: 0;
-- moving to the next section: ``switch_cost``;
-- moving forward by ``k > 1`` sections: ``switch_cost + (k - 1) * skip_cost``;
-- moving backward by ``k`` sections: ``k * backward_cost`` (rare, e.g. the capsule falling back from the
-  small intestine into the stomach: allowed only when the frame scores support it strongly).
-
-The emission score of section ``k`` at a frame is ``emission_weight * logit(p_k)`` (the log-likelihood of
-"only section ``k`` is true" under independent per-label Bernoulli outputs, up to a per-frame constant).
-Consecutive frames are strongly correlated, so an ``emission_weight`` below 1 keeps a burst of wrong frames
-from paying for a transition.
-
-Lead-in. Galar annotates no section on the first frames of most videos (before the capsule's first
-recognisable image; 56 of the 80 videos, a median of 11 frames, up to about a thousand), and those frames
-belong to no event. :func:`decode_sections` therefore adds a *lead-in* state before the first section, with
-emission score 0 (under the same Bernoulli model, "no section is true" scores 0 against "only section ``k``"
-scoring ``logit(p_k)``) that can only be left: into the mouth at ``entry_cost``, into a later section ``k``
-at ``entry_cost + k * skip_cost`` (sections skipped cost as they do after the lead-in). Frames decoded as lead-in
-get section ``-1``. An event that must match a segment at tIoU 0.95 cannot absorb those frames (the mouth
-segment is often shorter than its lead-in).
-
-The Viterbi recursion is sequential in time, so it is split into ``sqrt(T)`` chunks: the max-plus
-transfer matrix of every chunk is built for all chunks at once, a short pass over chunks gives each chunk's
-entry scores, and the in-chunk recursion and the backtracking run for all chunks at once. That is
-``O(sqrt(T))`` small numpy operations instead of ``T``.
-
-:func:`landmark_windows` allows each landmark (z-line, pylorus, ileocecal valve) only within ``window``
-frames of a decoded transition that crosses its boundary, and :func:`section_gate` allows a pathology only
-inside a set of plausible sections.
+"""Anatomy decoding: one section per frame along the gut (a left-to-right Viterbi decode with a lead-in state),
+landmarks near section boundaries, pathologies inside plausible sections.
 """
 
 from __future__ import annotations

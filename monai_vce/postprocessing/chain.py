@@ -1,31 +1,5 @@
-"""The paper's post-processing chain, vectorised over all frames and classes.
-
-The chain turns per-frame probabilities ``(T, C)`` into a boolean activity mask ``(T, C)`` with four steps,
-each with one parameter per class:
-
-``"threshold"``
-    ``p >= threshold[c]``.
-``"median"``
-    a running median along time with an odd window per class (``1`` disables it for that class). When it
-    runs after ``"threshold"`` it filters the binary mask (a majority vote over the window, computed with a
-    running sum); when it runs before ``"threshold"`` it filters the probabilities
-    (``scipy.ndimage.median_filter``). The paper lists the steps as threshold -> median -> gaps -> length,
-    so its median filters the binary mask; both are available through ``order``. A running median commutes
-    with a threshold (it is a stack filter), so with the same window and threshold both placements give the
-    same mask; the binary path is the faster one.
-``"fill_gaps"``
-    inactive runs of at most ``max_gap[c]`` frames that lie between two active runs become active
-    (``0`` disables it). Gaps touching the start or end of the video are never filled.
-``"min_length"``
-    active runs shorter than ``min_length[c]`` frames are removed (``0`` or ``1`` disables it).
-
-:data:`PAPER_ORDER` is the paper's order. The paper's public code differs in the order of the last steps,
-so the order is a parameter: any permutation of a subset of the step names that contains ``"threshold"``.
-Run-length steps use one pass over the run boundaries of all classes at once (no loop over frames).
-
-:data:`CHAIN_STEPS` is the registry of the steps: each :class:`~monai_vce.postprocessing.steps.ChainStep` holds
-its per-label parameter (type, default, bounds, tuning grid) and its kernel. The decoder's parameter schema and
-defaults, :func:`run_chain` and the tuner's search all derive from it; a new step is one entry here.
+"""The paper's post-processing chain (threshold, median, fill_gaps, min_length), vectorised over frames and
+classes, and its step registry :data:`CHAIN_STEPS`. Reference: Chary & Ganapathy (2026).
 """
 
 from __future__ import annotations
@@ -253,7 +227,7 @@ def run_chain(probs: np.ndarray, values: Mapping[str, Any], order: Sequence[str]
         values: per-class values of each step's parameter, keyed by parameter name (``"threshold"``,
             ``"median_window"``, ...; see :data:`CHAIN_STEPS`): a scalar for all classes or one per class. A step
             whose parameter is missing takes its default.
-        order: the steps to run, in order (see the module docstring); a step left out is skipped.
+        order: the steps to run, in order (see ``docs/design/decoding.md``); a step left out is skipped.
     """
     probs = _check_2d(probs, "probs")
     order = _check_order(order)
@@ -285,7 +259,7 @@ def apply_chain(
         median_windows: odd median window per class (``1`` disables the step for that class).
         max_gaps: longest gap filled per class (``0`` disables).
         min_lengths: shortest run kept per class (``0``/``1`` disable).
-        order: the steps to run, in order (see the module docstring); a step left out is skipped.
+        order: the steps to run, in order (see ``docs/design/decoding.md``); a step left out is skipped.
     """
     values = {"threshold": thresholds, "median_window": median_windows, "max_gap": max_gaps, "min_length": min_lengths}
     return run_chain(probs, values, order)

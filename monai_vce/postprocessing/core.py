@@ -1,19 +1,5 @@
-"""The decoder's kernels, written once and called by both :class:`~monai_vce.postprocessing.EventDecoder` and
-:func:`~monai_vce.postprocessing.tune_decoder`.
-
-The decoder runs them on the 17 columns of a video at once; the tuner on ``K`` candidate columns of one label
-(one per candidate parameter value). Both therefore decode, gate and rank exactly alike:
-
-1. :func:`decode_columns`: the chain (:data:`~monai_vce.postprocessing.chain.CHAIN_STEPS`) and the anatomy step
-   (sections replaced by the Viterbi decode, landmarks kept near a decoded boundary crossing, pathologies
-   inside their plausible sections); without anatomy decoding, landmarks are still kept near a boundary of the
-   sections the chain decoded (:func:`column_sections`), so that a landmark never spreads over a section and
-   cuts its events into pieces;
-2. :func:`~monai_vce.postprocessing.gating.column_presence`: presence gating of each decoded column;
-3. composition and confidence order with the kernels of :mod:`monai_vce.events.composition`
-   (:func:`~monai_vce.events.composition.compose_runs` / :func:`~monai_vce.events.runs.run_bounds`,
-   :func:`~monai_vce.events.composition.run_confidence`, :func:`~monai_vce.events.composition.confidence_order`
-   and the gap rule of :func:`~monai_vce.events.runs.run_spans`).
+"""The decoder's kernels (decode, gate, compose, rank), written once and called by both
+:class:`~monai_vce.postprocessing.EventDecoder` and :func:`~monai_vce.postprocessing.tune_decoder`.
 """
 
 from __future__ import annotations

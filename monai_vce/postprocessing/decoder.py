@@ -1,48 +1,22 @@
-"""The event decoder: per-frame probabilities of a video -> challenge events, most confident first.
+"""The event decoder: ``(T, 17)`` probabilities of a video -> challenge events, most confident first.
 
-Steps, for a ``(T, 17)`` probability array of one video (any model's scores in ``[0, 1]``):
-
-1. the chain of :mod:`~monai_vce.postprocessing.chain` with per-label parameters and a configurable order;
-2. optionally, anatomy decoding (:mod:`~monai_vce.postprocessing.anatomy`): the five section columns are
-   replaced by a Viterbi decode over all sections (with an optional lead-in state for the unannotated
-   first frames); landmarks are kept only near a decoded transition across their boundary, and pathologies
-   optionally only inside plausible sections;
-3. presence gating (:mod:`~monai_vce.postprocessing.gating`): a label whose per-video presence rule fails is
-   cleared from the whole video (a section gated out still claims its frames in the Viterbi decode; the
-   ``"support"`` feature counts the frames the label would be emitted on, after step 2);
-4. event composition (:mod:`monai_vce.events.composition`: label-set runs by default, as the ground truth is
-   built; per-label runs as an option), in the caller's frame units, with the gap rule of the ground truth;
-5. confidence order: events sorted by a confidence score, highest first (ties keep time order).
-
-Steps 1-3 are the kernels of :mod:`~monai_vce.postprocessing.core`, which the tuning calls too.
-
-Ranking multi-label events. The scorer matches each label separately, reading that label's events in listed
-order, so only the relative order of the events carrying a label matters for that label's AP. One global
-list cannot follow every label's own preference; the ``ranking`` choice says how an event's labels are
-combined, each label contributing the mean of its probability over the event's frames:
-
-- ``"mean"`` (default): the mean over the event's labels (the ``score`` of ``frames_to_events``). A
-  pathology event inside the small intestine ranks by its pathology confidence shifted by a near-constant
-  section term, so the pathology keeps its own order;
-- ``"max"``: the maximum over its labels (favours the order of the dominant, usually anatomical, label);
-- ``"min"``: the minimum over its labels (favours the order of the weakest, usually pathological, label).
-
-The label-set composition is never broken up: an event is listed once, with all its labels.
-
-Parameters live in :class:`~monai_vce.postprocessing.DecoderParams`, one versioned JSON file keyed by label name.
+Chain, optional anatomy decoding, presence gating, composition, confidence order; parameters:
+:class:`~monai_vce.postprocessing.DecoderParams`.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..events.composition import RANKINGS, compose_runs, confidence_order, event_json, run_confidence, runs_to_events
+from ..events.probabilities import Video
+from ..events.units import FrameUnits
 from ..labels import LABELS, NUM_LABELS
 from .chain import CHAIN_STEPS
 from .core import SECTION_COLUMNS, column_sections, decode_columns, gate_landmark_columns, section_sequence
@@ -166,6 +140,12 @@ class EventDecoder:
         mask, _ = self._masks(probs)
         return self.compose(mask, frame_ids, probs)
 
+    def decode(self, video: Video, frame_units: FrameUnits | str | None = None) -> list[dict[str, Any]]:
+        """Events of one :class:`~monai_vce.events.Video`, with its frame ids in ``frame_units`` (``None``: the
+        parameters' ``frame_units``)."""
+        units = self.params.frame_units if frame_units is None else frame_units
+        return self(video.probs, video.frame_ids(units), video_id=str(video.video_id))
+
     def compose(self, mask: np.ndarray, frame_ids: np.ndarray, probs: np.ndarray) -> list[dict[str, Any]]:
         """Compose events from a final mask and order them by confidence."""
         p = self.params
@@ -199,28 +179,25 @@ def event_confidence(
 
 
 def decode_videos(
-    videos: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    videos: Mapping[str, Video] | Iterable[Video],
     decoder: EventDecoder | DecoderParams | Mapping | str | os.PathLike | None = None,
+    frame_units: FrameUnits | str | None = None,
 ) -> dict[str, Any]:
     """Decode several videos into one challenge event JSON object.
 
     Args:
-        videos: ``{video_id: (probs (T, 17), frame_ids (T,))}``, listed in this order in the output.
+        videos: :class:`~monai_vce.events.Video` records (or a mapping of them), listed in this order.
         decoder: an :class:`EventDecoder` or anything :class:`EventDecoder` accepts.
+        frame_units: the frame ids the events count in; ``None`` takes the decoder's ``frame_units``.
 
     Returns:
         ``{"videos": [{"video_id": str, "events": [...]}]}`` with each video's events most confident first.
     """
     if not isinstance(decoder, EventDecoder):
         decoder = EventDecoder(decoder)
-    out = {}
-    for vid, item in videos.items():
-        try:
-            probs, frame_ids = item
-        except (TypeError, ValueError):
-            raise ValueError(f"video {vid!r}: expected a (probs, frame_ids) pair") from None
-        out[str(vid)] = decoder(probs, frame_ids, video_id=str(vid))
-    return event_json(out)
+    units = decoder.params.frame_units if frame_units is None else frame_units
+    items = videos.values() if isinstance(videos, Mapping) else videos
+    return event_json({str(v.video_id): decoder.decode(v, units) for v in items})
 
 
 def load_decoder(path: str | os.PathLike | None, untuned: str | os.PathLike | None = None) -> EventDecoder:

@@ -1,30 +1,5 @@
-"""Presence gating: decide per video and label whether the label occurs at all.
-
-The challenge scores a label that a video lacks with AP 1.0 when nothing predicts it and 0.0 otherwise, and a
-video lacks on average 7 of the 17 labels. So a label is emitted in a video only when a per-label *presence
-rule* says it is there. A rule compares one per-video summary of the label's scores with a cutoff:
-
-``"peak"``
-    the maximum over frames of the probability averaged over ``window`` frames (a short burst of
-    isolated high frames does not count);
-``"quantile"``
-    the ``q``-quantile of the per-frame probability over the video;
-``"support"``
-    the number of frames active after the decoding chain;
-``"none"``
-    no gating (the label is always considered present);
-``"never"``
-    the label is never emitted (fitted when emitting it loses more AP on validation than it gains).
-
-The label is present when ``feature >= cutoff``. :func:`fit_presence_rule` chooses the feature and the cutoff
-that maximise a label's mean AP over validation videos, given the AP each video would get with the label
-emitted; this is exact for that label because a gated-out label scores 1.0 or 0.0 regardless of anything else.
-
-A rule fitted that way is optimistic: its cutoff separates *these* validation videos, and the choice among
-many candidate decodings and cutoffs finds chance wins on a few dozen videos. :func:`cross_validate_presence`
-measures the whole fitting procedure out of fold (k-fold over videos: fit on the other folds, score the
-held-out fold), so that a label is emitted only when that procedure beats leaving it out ("never", which is
-the empty submission for that label) on videos it did not see.
+"""Presence gating: per video and label, whether the label is emitted at all (rules ``"peak"``, ``"quantile"``,
+``"support"``, ``"none"``, ``"never"``), fitted and cross-validated on validation videos.
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
-"""The decoder's parameters: one immutable, validated, versioned JSON object.
+"""The decoder's parameters: one immutable, validated, versioned JSON object (:class:`DecoderParams`).
 
-:class:`DecoderParams` holds every parameter of :class:`~monai_vce.postprocessing.EventDecoder`. Its JSON schema
-is built from the registries of decoding steps (:data:`~monai_vce.postprocessing.chain.CHAIN_STEPS` for the
-per-label chain, :data:`~monai_vce.postprocessing.anatomy.ANATOMY_PARAMS` for anatomy decoding,
-:data:`~monai_vce.postprocessing.gating.PRESENCE_PARAMS` for presence rules) and checked with ``jsonschema``;
-every numeric parameter is bounded (frame counts by :data:`~monai_vce.postprocessing.steps.MAX_FRAMES`, costs
-and weights finite), an unknown key is an error naming it, and errors are one line naming the source (the file)
+The schema derives from the step registries; a parameter file must list every label, and errors name the file
 and the key.
-
-Missing values. In code, a partial mapping is completed with the defaults (``DecoderParams({"ranking":
-"max"})`` is the paper's chain ranked by ``"max"``). A parameter *file* (:meth:`DecoderParams.load`) must list
-every label: a label missing from ``decoder.json`` is an error naming it, never a silent default (a file with one
-label misspelled would otherwise decode that label with the paper's defaults). A per-label key missing from a
-file (e.g. the parameter of a step added after the file was written) takes the step's default with a warning
-naming the label and the key. The global keys (``order``, ``composition``, ``ranking``, ``frame_units``,
-``anatomy`` and its keys) take their defaults when a file leaves them out, as in earlier versions of the format.
-
-Compatibility: ``"frame_units": "index"``, written by earlier versions, still reads as ``"frame_index"`` (with a
-``DeprecationWarning``), so existing ``decoder.json`` files load unchanged.
 """
 
 from __future__ import annotations
@@ -41,7 +25,7 @@ except ImportError:  # jsonschema 3 (MONAI Label's environment pins it): draft 7
 from jsonschema.exceptions import ValidationError
 
 from monai_vce.events.composition import COMPOSITIONS, RANKINGS
-from monai_vce.events.units import FrameUnits, as_frame_units
+from monai_vce.events.units import FrameUnits
 from monai_vce.labels import LABELS, LANDMARKS, SECTIONS
 from monai_vce.utils import atomic_write_json, read_json_file
 
@@ -271,7 +255,7 @@ class DecoderParams(Mapping[str, Any]):
 
     Args:
         data: a mapping in the structure above; missing keys take the paper's defaults (thresholds 0.5, median
-            7, gaps 5, minimum length 3, no gating, no anatomy decoding). See the module docstring for files.
+            7, gaps 5, minimum length 3, no gating, no anatomy decoding). See ``docs/design/decoding.md`` for files.
         source: where the mapping came from, named in error messages.
 
     Raises:
@@ -299,9 +283,7 @@ class DecoderParams(Mapping[str, Any]):
         out.setdefault("order", list(PAPER_ORDER))
         out.setdefault("composition", "label_set")
         out.setdefault("ranking", "mean")
-        units = out.setdefault("frame_units", FrameUnits.FRAME_INDEX.value)
-        if units == "index":
-            out["frame_units"] = as_frame_units(units, f"{source}: frame_units").value
+        out.setdefault("frame_units", FrameUnits.FRAME_INDEX.value)
         anatomy = out.get("anatomy", {})
         if isinstance(anatomy, Mapping):
             merged = {**_default_anatomy(), **dict(anatomy)}
@@ -362,7 +344,7 @@ class DecoderParams(Mapping[str, Any]):
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> DecoderParams:
-        """Read and validate a parameter file (every label with every key; see the module docstring).
+        """Read and validate a parameter file (every label with every key; see ``docs/design/decoding.md``).
 
         Raises:
             FileNotFoundError: the file does not exist.

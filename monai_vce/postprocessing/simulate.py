@@ -1,31 +1,7 @@
 """Simulated per-frame probabilities from ground-truth timelines, for benchmarks and tests of the decoder.
 
-Noise model. For a ground-truth mask ``y`` of shape ``(T, C)`` (frames x labels) and a noise level, the
-simulated probability is ``sigmoid(z)`` with the logit
-
-``z[t, c] = s[t, c] * margin[c] + bias[c] + burst[t, c] + n[t, c]``
-
-where
-
-- ``s = +1`` on positive frames and ``-1`` on negative frames, after two corruptions of the truth:
-  **missed short events** (a ground-truth run shorter than ``miss_length`` frames is turned negative with
-  probability ``miss_prob``) and **flicker** (each frame's sign flips independently with probability
-  ``flicker``; with the optional key ``flicker_length`` > 1, the flips come in runs of geometric length with
-  that mean, covering about the same share of frames, as when the capsule lingers on a misleading view);
-- ``margin[c]`` is the class's **separability** (half the distance between the positive and negative logit
-  means): large for the long, visually distinct sections, small for landmarks and subtle pathologies
-  (:data:`CLASS_MARGIN`), scaled by the level's ``margin_scale``;
-- ``bias[c]`` is a class-dependent **calibration offset** (:data:`CLASS_BIAS`; rare classes come out
-  under-confident, so 0.5 is not their best threshold);
-- ``burst`` adds **false-positive bursts**: per class, a Poisson number of bursts (``fp_rate`` per 10,000
-  frames) at uniform positions, with geometric lengths of mean ``fp_length`` frames, each adding
-  ``2 * margin[c]`` to the logit (a burst looks like a positive stretch);
-- ``n`` is **temporally correlated noise**: an AR(1) process per class with coefficient ``rho`` and
-  stationary standard deviation ``sigma``.
-
-:data:`NOISE_LEVELS` holds the parameter sets ``"low"``, ``"medium"`` and ``"high"``. Everything is vectorised
-over frames and classes (the AR(1) recursion runs in ``scipy.signal.lfilter``); a seed makes a draw
-reproducible.
+Logit = separability + calibration offset + false-positive bursts + AR(1) noise, after missed events and flicker;
+levels in :data:`NOISE_LEVELS`, reproducible by seed.
 """
 
 from __future__ import annotations
@@ -107,7 +83,7 @@ def simulate_probabilities(
     margin: Mapping[str, float] | None = None,
     bias: Mapping[str, float] | None = None,
 ) -> np.ndarray:
-    """Simulate ``(T, 17)`` float32 frame probabilities from a ground-truth mask (see the module docstring).
+    """Simulate ``(T, 17)`` float32 frame probabilities from a ground-truth mask (see ``docs/design/decoding.md``).
 
     Args:
         truth: ``(T, 17)`` boolean ground truth in :data:`~monai_vce.labels.LABELS` order.

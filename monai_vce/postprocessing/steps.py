@@ -1,11 +1,5 @@
-"""Definitions of decoding steps and their parameters, from which defaults, validation and search grids derive.
-
-A :class:`Param` describes one numeric or boolean parameter once: its type, default, bounds and the values
-:func:`~monai_vce.postprocessing.tune_decoder` searches. A :class:`ChainStep` is one per-label step of the
-decoding chain: its name in ``order``, its per-label :class:`Param` and its kernel. The registry of chain steps
-is :data:`monai_vce.postprocessing.chain.CHAIN_STEPS`; :class:`~monai_vce.postprocessing.DecoderParams` builds
-its JSON schema, its defaults and its error messages from it, the decoder runs its kernels, and the tuner
-searches its grids. Adding a per-label step is one :class:`ChainStep` in that registry (plus its test).
+"""Definitions of decoding steps (:class:`ChainStep`) and their parameters (:class:`Param`), from which the
+decoder's defaults, validation and search grids derive.
 """
 
 from __future__ import annotations

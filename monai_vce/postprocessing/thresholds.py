@@ -1,24 +1,5 @@
-"""Per-class decision thresholds maximising F1, and their JSON file.
-
-:func:`optimize_thresholds` finds, for each class, the threshold ``t`` in ``[min_threshold, max_threshold]``
-maximising the F1 score of the rule "frame positive for the class when ``prob >= t``", by an exact sweep:
-the class's scores are sorted in decreasing order, true and false positives are cumulated, and F1 is
-evaluated at every cut between two consecutive *distinct* scores (tied scores cannot be separated by any
-threshold). A cut keeping the scores ``s_1 >= ... >= s_k`` is realised by any ``t`` in ``(s_{k+1}, s_k]``; the
-function returns the midpoint ``(s_k + s_{k+1}) / 2`` (``s_k / 2`` for the last cut), which is robust to
-``>=`` versus ``>`` and to small score changes, clipped into the configured range. Only cuts realisable inside
-the range compete, so the result is the best threshold *within* the range, not a clipped unconstrained one.
-Among cuts of equal F1 the highest threshold (fewest positive frames) wins.
-
-A class gets ``default_threshold`` when no threshold in the range gives an F1 above 0: no positive frame, or no
-positive scored inside the range. Its default, :data:`DEFAULT_THRESHOLD` = 0.5 (clipped into the range), is the
-neutral decision point of a calibrated probability: the loss's smoothed targets (0.05 / 0.95) are symmetric about
-it. Neither end of the search range is neutral: at the floor 0.05 the easy negatives, which the loss settles just
-above 0.05, would all fire; at 0.95 a class the network learned from its training positives would be muted
-because the validation videos happen to lack it.
-
-The file written by :func:`save_thresholds` is a JSON object keyed by label name (the 17 names of
-:data:`monai_vce.labels.LABELS`) with float values in [0, 1]; :func:`load_thresholds` validates it.
+"""Per-class decision thresholds maximising F1 (an exact sweep over the sorted scores), and their JSON file keyed
+by label name.
 """
 
 from __future__ import annotations
@@ -36,7 +17,7 @@ from monai_vce.utils import atomic_write_json, read_json_file
 
 __all__ = ["DEFAULT_THRESHOLD", "optimize_thresholds", "f1_at_thresholds", "save_thresholds", "load_thresholds"]
 
-#: Threshold of a class without any usable validation positive (see the module docstring).
+#: Threshold of a class without any usable validation positive (see ``docs/design/decoding.md``).
 DEFAULT_THRESHOLD: float = 0.5
 
 
@@ -58,7 +39,7 @@ def optimize_thresholds(
     default_threshold: float | None = None,
     return_f1: bool = False,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-    """The F1-maximising threshold of each class (exact sweep over the sorted scores; see the module docstring).
+    """The F1-maximising threshold of each class (exact sweep over the sorted scores; see ``docs/design/decoding.md``).
 
     Args:
         probs: (N, C) probabilities (or any scores).

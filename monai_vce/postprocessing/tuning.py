@@ -1,39 +1,7 @@
 """Fitting the decoder's parameters on validation videos by maximising the temporal mAP itself.
 
-:func:`tune_decoder` runs coordinate ascent over per-label parameter grids (threshold, median window, longest
-filled gap, shortest kept run) and fits each label's presence rule for every candidate, scoring candidates
-with the challenge's own AP (:func:`monai_vce.metrics.average_precision`).
-
-The approximation. The overall mAP is a mean over labels, but with label-set composition the labels are
-coupled: a label's predicted segments are split wherever another label switches, and the confidence order
-of an event depends on all its labels. Each coordinate step therefore scores *one* label exactly given the
-current decoding of the other sixteen (its segments are split at their switches and ranked with the
-decoder's ``ranking`` rule using their probabilities), but ignores how the candidate changes the other
-labels' segments (the fragments it cuts into them). Those effects are picked up by the next label's step and
-the next round. Presence gating is exact for the label under study (a gated-out label scores 1.0 or 0.0
-whatever else happens). With anatomy decoding on, the sections come from a Viterbi decode over all sections
-(decoder's anatomy settings), only their presence rules are fitted, and landmark / pathology candidates are
-gated with those sections. Finally the ranking rule is chosen by the full composed score of the decoder on
-the validation videos (:func:`monai_vce.metrics.temporal_map`), which is also recorded in
-``params["fit"]``.
-
-Before the coordinate ascent, the Viterbi settings are chosen from a coarse grid
-(:data:`DEFAULT_ANATOMY_GRID`) by the sections' validation AP.
-
-One decoder. The candidates are decoded, gated and ranked by the decoder's own kernels
-(:mod:`~monai_vce.postprocessing.core`, :mod:`monai_vce.events.composition`), on ``K`` candidate columns of one
-label at a time; the parameters searched and their grids are those of the step registry
-(:data:`~monai_vce.postprocessing.chain.CHAIN_STEPS`), so a new chain step is tuned without a change here.
-
-Emit or abstain. In-sample, a presence cutoff picked among many candidate decodings finds chance wins on a few
-dozen videos, and on new videos such a rule costs more (a label emitted in a video that lacks it scores 0)
-than it gains. So after each label's steps, the whole per-label fit (choice of candidate decoding and of its
-presence rule) is cross-validated over videos (:func:`~monai_vce.postprocessing.gating.cross_validate_presence`,
-``presence_folds`` folds), and the label keeps its rule only when its out-of-fold mean AP, weighted over the
-tIoU thresholds, beats never emitting it by more than ``presence_cv_z`` standard errors of that mean gain, and no
-scored tIoU threshold loses by more than its own margin (a tie at one tIoU threshold does not veto a gain at another);
-otherwise its rule becomes ``"never"``, what the empty submission does for that label. The out-of-fold gains and
-margins (per tIoU threshold and weighted) are recorded in ``params["fit"]["out_of_fold_gain"]``.
+:func:`tune_decoder`: coordinate ascent over the step registry's grids, with cross-validated presence rules;
+the fit is recorded in ``params["fit"]``.
 """
 
 from __future__ import annotations
@@ -44,16 +12,16 @@ from typing import Any
 
 import numpy as np
 
-from ..events.composition import RANKINGS, confidence_order, label_codes, run_confidence
+from ..events.composition import RANKINGS, confidence_order, event_json, label_codes, run_confidence
+from ..events.probabilities import Video
 from ..events.runs import run_bounds, run_spans
 from ..events.units import FrameUnits, as_frame_units
 from ..labels import LABELS, NUM_LABELS, SECTIONS
 from ..metrics.temporal_map import average_precision, temporal_map
-from ..utils import renamed_arguments
 from .anatomy import DEFAULT_ANATOMY_GRID
 from .chain import CHAIN_STEPS
 from .core import SECTION_COLUMNS, column_sections, decode_columns, section_mask, section_sequence
-from .decoder import DecoderParams, EventDecoder, check_probabilities, decode_videos
+from .decoder import DecoderParams, EventDecoder, check_probabilities
 from .gating import (
     DEFAULT_CANDIDATE_RULES,
     column_presence,
@@ -103,15 +71,17 @@ def label_segments(column: np.ndarray, breaks: np.ndarray | None = None) -> tupl
 
 
 class _Video:
-    """One validation video with the per-label data the coordinate steps need."""
+    """The tuner's working view of one :class:`~monai_vce.events.Video`: per-label ground truth and state."""
 
-    def __init__(self, probs: np.ndarray, frame_ids: np.ndarray, gt_events: Sequence[Mapping[str, Any]], name: str):
-        self.name = name
-        self.probs, self.frame_ids = check_probabilities(probs, frame_ids, name)
+    def __init__(self, video: Video, frame_units: FrameUnits) -> None:
+        self.name = name = str(video.video_id)
+        if video.events is None:
+            raise ValueError(f"video {name!r}: no ground-truth events to tune on (see with_ground_truth)")
+        self.probs, self.frame_ids = check_probabilities(video.probs, video.frame_ids(frame_units), name)
         self.T = self.probs.shape[0]
         index = {n: i for i, n in enumerate(LABELS)}
         segs: list[list[tuple[int, int]]] = [[] for _ in LABELS]
-        for j, e in enumerate(gt_events):
+        for j, e in enumerate(video.events):
             try:
                 for n in e["label"]:
                     segs[index[n]].append((int(e["start"]), int(e["end"])))
@@ -334,9 +304,8 @@ class _Tuner:
         return score
 
 
-@renamed_arguments(thresholds="tiou_thresholds")
 def tune_decoder(
-    videos: Sequence[tuple[np.ndarray, np.ndarray, Sequence[Mapping[str, Any]]]] | Mapping[str, tuple],
+    videos: Sequence[Video] | Mapping[str, Video],
     base: DecoderParams | Mapping[str, Any] | None = None,
     composition: str = "label_set",
     anatomy: bool = True,
@@ -355,19 +324,19 @@ def tune_decoder(
     seed: int = 0,
     verbose: bool = False,
 ) -> DecoderParams:
-    """Fit the decoder's parameters on validation videos by maximising temporal mAP (see the module docstring).
+    """Fit the decoder's parameters on validation videos by maximising temporal mAP (see ``docs/design/decoding.md``).
 
     Args:
-        videos: ``(probs (T, 17), frame_ids (T,), gt_events)`` per validation video (or a dict of them keyed by
-            video id); ``gt_events`` is the video's ground-truth event list in the units of ``frame_ids``.
+        videos: the validation videos (:class:`~monai_vce.events.Video` with ground-truth ``events`` in
+            ``frame_units``), or a mapping of them.
         base: starting parameters (order, anatomy settings, ...); the paper's chain when ``None``.
         composition: ``"label_set"`` or ``"per_label"`` event composition, fixed during tuning.
         anatomy: turn anatomy decoding on (sections by Viterbi, landmarks near boundaries).
-        frame_units: recorded in the parameters: the units of ``frame_ids`` (``"frame_index"`` or
-            ``"frame_number"``).
+        frame_units: the frame ids of the videos' events (``"frame_index"`` or ``"frame_number"``), recorded
+            in the parameters.
         grids: candidate values per chain parameter (keys of :data:`DEFAULT_GRIDS`); a key left out is not tuned.
         rounds: coordinate-ascent rounds over all labels.
-        tiou_thresholds: tIoU thresholds of the objective (formerly ``thresholds``).
+        tiou_thresholds: tIoU thresholds of the objective.
         weights: weight of each tIoU threshold in the objective (equal when ``None``).
         presence_rules: candidate presence features (see :mod:`~monai_vce.postprocessing.gating`).
         rankings: ranking rules compared by the composed validation score at the end.
@@ -395,16 +364,9 @@ def tune_decoder(
     log: Log = print if verbose else (lambda *_: None)
     t0 = time.perf_counter()
     units = as_frame_units(frame_units)
-    items = list(videos.items()) if isinstance(videos, Mapping) else list(enumerate(videos))
-    if not items:
+    vids = [_Video(v, units) for v in (videos.values() if isinstance(videos, Mapping) else videos)]
+    if not vids:
         raise ValueError("tune_decoder needs at least one validation video")
-    vids = []
-    for key, item in items:
-        try:
-            probs, frame_ids, gt_events = item
-        except (TypeError, ValueError):
-            raise ValueError(f"video {key!r}: expected a (probs, frame_ids, gt_events) triple") from None
-        vids.append(_Video(probs, frame_ids, gt_events, str(key)))
     data = DecoderParams(base).to_dict() if not isinstance(base, DecoderParams) else base.to_dict()
     data.pop("fit", None)
     data["composition"] = composition
@@ -448,7 +410,8 @@ def tune_decoder(
     w = weights_arr / weights_arr.sum()
     for ranking in rankings or (params["ranking"],):
         candidate = params.replace(ranking=ranking)
-        pred = decode_videos({v.name: (v.probs, v.frame_ids) for v in vids}, EventDecoder(candidate))
+        decoder = EventDecoder(candidate)
+        pred = event_json({v.name: decoder(v.probs, v.frame_ids, video_id=v.name) for v in vids})
         res = temporal_map(gt, pred, tiou_thresholds=ths, validate=False)
         obj = float(sum(wt * res[f"mAP@{t:g}"] for wt, t in zip(w, ths, strict=True)))
         log(f"ranking {ranking!r}: composed validation objective {obj:.4f}")
@@ -511,10 +474,11 @@ def _gt_events(v: _Video) -> list[dict[str, Any]]:
 
 
 def cross_fitted_events(
-    videos: Mapping[str, tuple[np.ndarray, np.ndarray, Sequence[Mapping[str, Any]]]],
+    videos: Mapping[str, Video],
     folds: int = 2,
     seed: int = 0,
-    fit: Callable[[dict[str, tuple]], Any] | None = None,
+    fit: Callable[[dict[str, Video]], Any] | None = None,
+    frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
     **tune_kwargs: Any,
 ) -> dict[str, list[dict[str, Any]]] | None:
     """Decode every video with a decoder fitted on the other videos only: the honest held-out decoding.
@@ -524,11 +488,12 @@ def cross_fitted_events(
     procedure gives on new videos, which an in-sample fit overstates.
 
     Args:
-        videos: ``{video_id: (probs (T, 17), frame_ids (T,), gt_events)}``.
+        videos: ``{video_id: Video}`` with ground-truth ``events``.
         folds: number of folds.
         seed: seed of the fold assignment.
-        fit: ``{video_id: (probs, frame_ids, gt_events)} -> DecoderParams`` (or anything
-            :class:`EventDecoder` accepts); default :func:`tune_decoder` with ``tune_kwargs``.
+        fit: ``{video_id: Video} -> DecoderParams`` (or anything :class:`EventDecoder` accepts); default
+            :func:`tune_decoder` with ``tune_kwargs``.
+        frame_units: the frame ids of the events (also passed on to :func:`tune_decoder`).
         tune_kwargs: keyword arguments of :func:`tune_decoder` when ``fit`` is ``None``.
 
     Returns:
@@ -538,14 +503,14 @@ def cross_fitted_events(
     vids = sorted(videos)
     if len(vids) < max(2, int(folds)):
         return None
-    fit_fn = fit if fit is not None else (lambda train: tune_decoder(train, **tune_kwargs))
+    units = as_frame_units(frame_units)
+    fit_fn = fit if fit is not None else (lambda train: tune_decoder(train, frame_units=units, **tune_kwargs))
     fold = video_folds(len(vids), folds, seed)
     pred: dict[str, list[dict[str, Any]]] = {}
     for k in range(int(fold.max()) + 1):
-        train = {v: tuple(videos[v]) for v, f in zip(vids, fold, strict=True) if f != k}
+        train = {v: videos[v] for v, f in zip(vids, fold, strict=True) if f != k}
         decoder = EventDecoder(fit_fn(train))
         for v, f in zip(vids, fold, strict=True):
             if f == k:
-                probs, frame_ids = videos[v][0], videos[v][1]
-                pred[v] = list(decoder(probs, frame_ids, video_id=v))
+                pred[v] = list(decoder.decode(videos[v], units))
     return pred

@@ -1,10 +1,5 @@
-"""Reports of a prediction: per-video timelines and an evaluation summary.
-
-``python -m monai_vce.report --pred PRED.json [--gt GT.json] [--probs DIR] --out DIR`` or
-:func:`write_report` draws one timeline per video (a lane per label with predicted events, ground truth and
-frame probabilities) and a summary page (overall and per-video mAP, per-class AP, presence decisions).
-Scores come from :func:`monai_vce.metrics.temporal_map`. Drawing needs matplotlib, an optional extra
-(``pip install monai-vce[report]``), imported only when a figure is drawn.
+"""Reports of a prediction: per-video timelines and an evaluation summary (``python -m monai_vce.report``).
+Drawing needs matplotlib (``pip install monai-vce[report]``).
 """
 
 from __future__ import annotations
@@ -15,7 +10,6 @@ from .summary import (
     PRESENCE_CODES,
     PRESENCE_COLORS,
     draw_summary,
-    load_probabilities,
     per_label_ap,
     presence_matrix,
     present_labels,
@@ -43,7 +37,6 @@ __all__ = [
     "presence_matrix",
     "present_labels",
     "per_label_ap",
-    "load_probabilities",
     "label_intervals",
     "label_cuts",
     "max_pool_trace",

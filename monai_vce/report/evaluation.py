@@ -14,14 +14,14 @@ import numpy as np
 from monai_vce.data.splits import group_by_video
 from monai_vce.events import load_events, save_events
 from monai_vce.events.ground_truth import ground_truth_events
-from monai_vce.events.metadata import describe_events_file, read_frame_units
+from monai_vce.events.metadata import recorded_frame_units
 from monai_vce.events.probabilities import load_video_probs, probability_file
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import LABELS
 from monai_vce.metrics import temporal_map
 from monai_vce.metrics.frame_average_precision import multilabel_average_precision
 from monai_vce.report.summary import write_report
-from monai_vce.utils import atomic_write_json, renamed_arguments
+from monai_vce.utils import atomic_write_json
 
 __all__ = ["datalist_ground_truth", "evaluation_report"]
 
@@ -29,7 +29,6 @@ PathLike = str | os.PathLike
 logger = logging.getLogger(__name__)
 
 
-@renamed_arguments(units="frame_units")
 def datalist_ground_truth(
     datalist: Sequence[Mapping[str, Any]], frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX
 ) -> dict[str, Any]:
@@ -41,7 +40,7 @@ def datalist_ground_truth(
 
     Args:
         datalist: labelled frame dicts (``label``, ``video_id``, ``frame_index``, ``frame_number``).
-        frame_units: ``"frame_index"`` or ``"frame_number"`` (formerly ``units``).
+        frame_units: ``"frame_index"`` or ``"frame_number"``.
     """
     key = as_frame_units(frame_units).value
     unlabelled = next((d for d in datalist if "label" not in d), None)
@@ -76,13 +75,12 @@ def _frame_ap(datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike) -> dic
     return {name: (None if np.isnan(a) else float(a)) for name, a in zip(LABELS, ap, strict=True)}
 
 
-@renamed_arguments(units="frame_units")
 def evaluation_report(
     events_file: PathLike,
     datalist: Sequence[Mapping[str, Any]],
     output_dir: PathLike,
     probs_dir: PathLike | None = None,
-    frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
+    frame_units: FrameUnits | str | None = None,
     draw: bool = True,
     ground_truth: Mapping[str, Any] | None = None,
     protocol: str | None = None,
@@ -102,7 +100,8 @@ def evaluation_report(
         datalist: the evaluated frames (their labels give the frame-level AP).
         output_dir: where the files go.
         probs_dir: the evaluation's probability files, for the frame-level AP and the report's traces.
-        frame_units: the units of the event files (formerly ``units``).
+        frame_units: the units of the event files; ``None``: those recorded beside ``events_file`` (its units
+            sidecar, :mod:`monai_vce.events.metadata`), else ``"frame_index"``.
         draw: draw the report.
         ground_truth: the ground truth the challenge scores, from the labels CSVs
             (:func:`monai_vce.data.build_ground_truth`); ``None`` builds it from ``datalist``
@@ -124,19 +123,14 @@ def evaluation_report(
             return None
     except ImportError:  # pragma: no cover
         pass
-    units = as_frame_units(frame_units)
+    recorded = recorded_frame_units(events_file, frame_units, "evaluation's prediction")
+    units = as_frame_units(frame_units or recorded or FrameUnits.FRAME_INDEX)
     out = Path(output_dir)
     if ground_truth is None:
         gt = datalist_ground_truth(datalist, frame_units=units)
     else:
         wanted = {str(d["video_id"]) for d in datalist}
         gt = {"videos": [v for v in ground_truth["videos"] if str(v["video_id"]) in wanted]}
-    recorded = read_frame_units(events_file)
-    if recorded is not None and recorded is not units:
-        raise ValueError(
-            f"{describe_events_file(events_file, recorded)}: the evaluation scores {units.value} units; "
-            f"evaluate with frame_units={recorded.value!r} or rewrite the events in {units.value} units"
-        )
     pred = load_events(events_file)
     result = temporal_map(gt, pred)
     if protocol is not None:
@@ -156,7 +150,8 @@ def evaluation_report(
     if draw:
         try:
             report = Path(report_dir) if report_dir is not None else out / "val_report"
-            write_report(events_file, report, gt=out / "ground_truth.json", probs_dir=probs_dir, frame_units=units)
+            # the report reads the units from the sidecars of the two event files
+            write_report(events_file, report, gt=out / "ground_truth.json", probs_dir=probs_dir)
         except ImportError as e:  # matplotlib is an optional extra
             logger.warning(f"report not drawn ({e}); install monai-vce[report] for timelines")
     return result

@@ -1,9 +1,5 @@
-"""The summary page of an evaluation: overall and per-video mAP, per-class AP and presence decisions.
-
-Every score shown comes from :func:`monai_vce.metrics.temporal_map`; this module only lays the numbers out
-(Markdown, a PNG chart and a JSON copy). The presence matrix says, per video and label, whether the label
-was predicted present and whether the ground truth has it: these decisions dominate the challenge score,
-since a label predicted in a video without it costs that label's whole AP there.
+"""The summary page of an evaluation: overall and per-video mAP, per-class AP and presence decisions, laid out
+from :func:`monai_vce.metrics.temporal_map`.
 """
 
 from __future__ import annotations
@@ -17,7 +13,7 @@ from urllib.parse import quote
 
 import numpy as np
 
-from monai_vce.events.metadata import convert_events, describe_events_file, frame_id_maps, recorded_frame_units
+from monai_vce.events.metadata import events_in_common_units
 from monai_vce.events.probabilities import load_video_probs, probability_file, probability_files, video_file_name
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.events.validation import check_events, load_events
@@ -30,7 +26,6 @@ from monai_vce.utils import (
     atomic_write_json,
     atomic_write_text,
     read_json_file,
-    renamed_arguments,
     safe_text,
     short_repr,
 )
@@ -44,7 +39,6 @@ __all__ = [
     "per_label_ap",
     "summary_markdown",
     "draw_summary",
-    "load_probabilities",
     "write_report",
     "REPORT_MANIFEST",
 ]
@@ -122,7 +116,7 @@ def per_label_ap(metrics: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     except (KeyError, TypeError):
         raise ValueError(
             "the metric result has no 'per_label' AP at tIoU 0.5 and 0.95; compute it with "
-            "monai_vce.metrics.temporal_map(gt, pred, thresholds=(0.5, 0.95))"
+            "monai_vce.metrics.temporal_map(gt, pred, tiou_thresholds=(0.5, 0.95))"
         ) from None
 
 
@@ -172,7 +166,6 @@ def _f(v: Any) -> str:
     return f"{float(v):.3f}"
 
 
-@renamed_arguments(units="frame_units")
 def summary_markdown(
     pred_videos: Mapping[str, Sequence[Mapping[str, Any]]],
     gt_videos: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
@@ -194,7 +187,7 @@ def summary_markdown(
         timelines: ``{video_id: path of the timeline PNG relative to the Markdown file}``.
         summary_png: path of the summary PNG relative to the Markdown file.
         sources: ``{"pred": .., "gt": .., "probs": ..}`` descriptions of the inputs, listed on the page.
-        frame_units: frame units of the event files (formerly ``units``).
+        frame_units: frame units of the event files.
     """
     timelines = timelines or {}
     out = ["# Evaluation report" if gt_videos is not None else "# Inference report", ""]
@@ -509,24 +502,6 @@ def _load_event_json(obj: Any, role: str) -> tuple[dict[str, Any], str]:
     return load_events(path), str(path)
 
 
-@renamed_arguments(units="frame_units")
-def load_probabilities(
-    path: str | os.PathLike, frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX
-) -> tuple[np.ndarray, np.ndarray]:
-    """Read one per-video probability file and return ``(probs (T, 17), frame ids (T,))`` in ``frame_units``.
-
-    Args:
-        path: ``<probs>/<video_id>.npz`` (read and checked by :func:`monai_vce.events.load_video_probs`).
-        frame_units: which id column to return, ``"frame_index"`` or ``"frame_number"`` (formerly ``units``).
-
-    Raises:
-        FileNotFoundError: the file does not exist.
-        ValueError: a key is missing, the shapes disagree or the labels are not :data:`LABELS` in order.
-    """
-    video = load_video_probs(path)
-    return video.probs, video.frame_ids(frame_units)
-
-
 def _check_range(
     path: Path, vid: str, ids: np.ndarray, events: Sequence[Mapping[str, Any]], role: str, units: FrameUnits
 ) -> None:
@@ -552,10 +527,9 @@ def _report_file(rel: Any) -> bool:
 
 
 def _report_owned(out: Path) -> set[str]:
-    """The files an earlier report wrote in ``out`` (relative paths): its manifest, else its ``summary.json``.
+    """The files an earlier report wrote in ``out`` (relative paths), as its manifest lists them (none without one).
 
-    A report of before the manifest is recognised by its ``summary.json``, which lists its timelines (and its
-    ``summary.png`` when it has scores). Names other than the report's own are never taken from either file.
+    Names other than the report's own are never taken from the manifest.
     """
     manifest = out / REPORT_MANIFEST
     if os.path.lexists(manifest):
@@ -569,14 +543,7 @@ def _report_owned(out: Path) -> set[str]:
                 f"{manifest} lists {short_repr(bad)}, not a file of a report; choose another report folder"
             )
         return set(files)
-    try:
-        old = read_json_file(out / "summary.json", max_bytes=64 * 1024**2, what="report summary")
-    except (OSError, ValueError):
-        return set()
-    if not isinstance(old, dict) or not isinstance(old.get("timelines"), dict):
-        return set()
-    owned = {"summary.md", "summary.json"} | ({"summary.png"} if old.get("metrics") is not None else set())
-    return owned | {f for f in old["timelines"].values() if _report_file(f)}
+    return set()
 
 
 def _check_report_folder(out: Path, planned: set[str], owned: set[str]) -> None:
@@ -599,7 +566,6 @@ def _record_report(out: Path, files: set[str]) -> None:
     atomic_write_json(out / REPORT_MANIFEST, {"writer": _WRITER, "files": sorted(files)}, indent=None)
 
 
-@renamed_arguments(units="frame_units")
 def write_report(
     pred: str | os.PathLike | Mapping[str, Any],
     out_dir: str | os.PathLike,
@@ -637,9 +603,9 @@ def write_report(
         gt: optional ground-truth event JSON (path or object) with exactly the prediction's video ids.
         probs_dir: optional folder of per-video probability files ``<video_id>.npz``, drawn as traces; every
             reported video needs one and every file must belong to a video of the prediction.
-        frame_units: frame units of the event files, ``"frame_index"`` or ``"frame_number"`` (formerly
-            ``units``); selects the id column of the probability files and names the frame axis. ``None``: the
-            units recorded beside the files, else ``"frame_index"``.
+        frame_units: frame units of the event files, ``"frame_index"`` or ``"frame_number"``; selects the id
+            column of the probability files and names the frame axis. ``None``: the units recorded beside the
+            files, else ``"frame_index"``.
         videos: optional subset of video ids to report, in this order; default all, in ground-truth order
             (prediction order without ground truth).
 
@@ -660,17 +626,7 @@ def write_report(
 
     pred_obj, pred_src = _load_event_json(pred, "prediction")
     gt_obj, gt_src = _load_event_json(gt, "ground truth") if gt is not None else (None, None)
-    pred_units = recorded_frame_units(pred, frame_units, "prediction")
-    gt_units = recorded_frame_units(gt, frame_units, "ground truth") if gt is not None else None
-    units = as_frame_units(frame_units or gt_units or pred_units or FrameUnits.FRAME_INDEX)
-    if pred_units is not None and pred_units is not units:
-        if probs_dir is None:
-            raise ValueError(
-                f"frame units differ: {describe_events_file(pred_src, pred_units)}, "
-                f"{describe_events_file(gt_src or 'the ground truth', units)}; give the probability files (--probs) to convert, "
-                "or report files in the same units"
-            )
-        pred_obj = convert_events(pred_obj, pred_units, units, frame_id_maps(probs_dir, pred_obj), pred_src)
+    pred_obj, units = events_in_common_units(pred, pred_obj, gt, frame_units, probs_dir, pred_src)
     if gt_obj is not None:
         check_events(pred_obj, gt=gt_obj, source=f"{pred_src} (against the ground truth {gt_src})", strict=False)
     pred_videos = {v["video_id"]: v["events"] for v in pred_obj["videos"]}
@@ -740,7 +696,8 @@ def _write_report_files(
             npz = probability_file(probs_path, vid)
             if not npz.is_file():
                 raise FileNotFoundError(f"probability file {npz} of video {vid!r} not found")
-            probs, ids = load_probabilities(npz, frame_units=units)
+            video = load_video_probs(npz)
+            probs, ids = video.probs, video.frame_ids(units)
             _check_range(npz, vid, ids, pred_videos[vid], "predicted", units)
             if gt_videos is not None:
                 _check_range(npz, vid, ids, gt_videos[vid], "ground-truth", units)

@@ -1,10 +1,5 @@
-"""Per-video timeline figures: one lane per label with predicted events, ground truth and frame probabilities.
-
-A timeline is drawn in aggregate so that it stays readable and fast for videos of a few thousand to more
-than a hundred thousand frames: every lane's events are one ``broken_barh`` collection (never one marker per
-frame) and the probability traces are max-pooled into at most ``max_bins`` bins, so short peaks stay visible.
-matplotlib is an optional dependency (``pip install monai-vce[report]``), imported only when drawing, and
-only its Agg canvas is used (no pyplot state, no display needed).
+"""Per-video timeline figures: one lane per label with predicted events, ground truth and max-pooled frame
+probabilities (matplotlib's Agg canvas, imported when drawing).
 """
 
 from __future__ import annotations
@@ -17,7 +12,6 @@ import numpy as np
 
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import ANATOMY, LABELS, NUM_LABELS, SECTIONS
-from monai_vce.utils import renamed_arguments
 
 __all__ = [
     "UNITS",
@@ -173,7 +167,6 @@ def _fmt_score(v: Any) -> str:
     return "–" if v is None else f"{float(v):.2f}"
 
 
-@renamed_arguments(units="frame_units")
 def draw_timeline(
     video_id: str,
     pred_events: Sequence[Mapping[str, Any]],
@@ -204,7 +197,7 @@ def draw_timeline(
         gt_events: the video's ground-truth events, or ``None`` (inference).
         probs: optional (T, 17) frame probabilities in :data:`LABELS` order.
         frame_ids: (T,) frame ids of ``probs`` in ``frame_units``; required with ``probs``.
-        frame_units: ``"frame_index"`` or ``"frame_number"``; names the frame axis (formerly ``units``).
+        frame_units: ``"frame_index"`` or ``"frame_number"``; names the frame axis.
         scores: optional per-video entry of :func:`monai_vce.metrics.temporal_map` (``"mAP@0.5"``,
             ``"mAP@0.95"``, ``"AP"``).
         figsize: figure size in inches; the PNG is ``figsize * dpi`` pixels.

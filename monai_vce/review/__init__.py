@@ -1,14 +1,10 @@
-"""The reader's review site: look at the events found, jump to the frames, accept, reject or correct them, and
-export the corrections as event JSON and Galar label CSVs.
-
-``python -m monai_vce.review --pred EVENTS.json --frames FRAMES_DIR [--probs PROBS_DIR] [--gt GT.json] --out DIR``
-or :func:`write_review_site` writes a static site (plain HTML, CSS and JavaScript; it opens from disk, loads
-nothing from the network). The bundle writes one next to its event JSON (:func:`write_run_review`).
+"""The reader's review site: a static site to review, correct and export events as event JSON and Galar label
+CSVs (``python -m monai_vce.review``).
 """
 
 from __future__ import annotations
 
-from .exams import UNITS, Exam, event_rows, frames_by_video, load_exam, peak_row
+from .exams import UNITS, ExamFrames, event_rows, frames_by_video, has_probs, load_exam, peak_row
 from .run import write_run_review
 from .site import SECTION_COLORS, SITE_FORMAT_VERSION, exam_data, exam_file_name, js_data, write_review_site
 from .thumbnails import ImageJob, jpeg_bytes, render_jobs
@@ -22,7 +18,8 @@ __all__ = [
     "SITE_FORMAT_VERSION",
     "SECTION_COLORS",
     "UNITS",
-    "Exam",
+    "ExamFrames",
+    "has_probs",
     "load_exam",
     "frames_by_video",
     "event_rows",

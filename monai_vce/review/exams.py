@@ -1,31 +1,22 @@
-"""The frames, probabilities and events of each exam of a review site, mapped onto one frame axis.
-
-An exam's frame axis is its *rows*: the frames of the video in frame order, each with a ``frame_index``
-(Galar ``index`` units, the units of the ground truth) and a ``frame_number`` (the number in the image file name,
-or the decoded position in a video file). When the video's probability file ``<probs>/<video_id>.npz`` is
-given, its rows are the axis (the frames that were inferred); otherwise the frames found on disk are, with
-``frame_index`` = ``frame_number`` as in :func:`monai_vce.data.build_inference_datalist`.
-
-Events count frames in one of the two units (``frame_units``). An event maps onto the rows it covers: its first row
-is the first whose id is ``>= start``, its last the last whose id is ``<= end``.
-"""
+"""Each exam of a review site: its rows as one :class:`~monai_vce.events.Video` (probabilities, frame ids,
+ground truth) and where their frames are (:class:`ExamFrames`); events mapped onto the rows."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from monai_vce.data.galar import build_inference_datalist
 from monai_vce.data.video import is_video_file, probe_video
-from monai_vce.events.units import FrameUnits, as_frame_units
+from monai_vce.events.probabilities import Video, load_video_probs
+from monai_vce.events.units import FrameUnits
 from monai_vce.labels import LABELS, NUM_LABELS
-from monai_vce.report.summary import load_probabilities
 
-__all__ = ["UNITS", "Exam", "frames_by_video", "load_exam", "event_rows", "peak_row"]
+__all__ = ["UNITS", "ExamFrames", "has_probs", "frames_by_video", "load_exam", "event_rows", "peak_row"]
 
 PathLike = str | os.PathLike
 
@@ -33,38 +24,24 @@ PathLike = str | os.PathLike
 UNITS: tuple[str, ...] = tuple(u.value for u in FrameUnits)
 
 
-@dataclass
-class Exam:
-    """One exam of the review site.
+@dataclass(frozen=True)
+class ExamFrames:
+    """Where the review site finds the frame of each row of an exam's :class:`~monai_vce.events.Video`.
 
     Attributes:
-        video_id: the video id.
-        frame_index: int64 (T,) ``frame_index`` of each row.
-        frame_number: int64 (T,) ``frame_number`` of each row.
         images: (T,) path of each row's frame image, or ``None`` for a video file.
         video: the video file, or ``None`` for a frame folder.
         fps: frames per second of ``frame_number``, ``None`` when unknown.
-        probs: float32 (T, 17) probabilities or ``None``.
-        events: predicted events in confidence order (``start``, ``end``, ``label``).
-        gt_events: ground-truth events or ``None``.
     """
 
-    video_id: str
-    frame_index: np.ndarray
-    frame_number: np.ndarray
     images: list[str] | None
     video: str | None
     fps: float | None
-    probs: np.ndarray | None = None
-    events: list[dict] = field(default_factory=list)
-    gt_events: list[dict] | None = None
 
-    def __len__(self) -> int:
-        return int(self.frame_index.shape[0])
 
-    def ids(self, frame_units: FrameUnits | str) -> np.ndarray:
-        """Row ids in ``frame_units``."""
-        return self.frame_index if as_frame_units(frame_units) is FrameUnits.FRAME_INDEX else self.frame_number
+def has_probs(video: Video) -> bool:
+    """Whether the exam's rows have probabilities (:func:`load_exam` gives ``(T, 0)`` ones without a file)."""
+    return video.probs.shape[1] > 0
 
 
 def frames_by_video(frames: PathLike | Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -100,20 +77,22 @@ def frames_by_video(frames: PathLike | Sequence[Mapping[str, Any]]) -> dict[str,
 def load_exam(
     video_id: str,
     frames: Mapping[str, Any],
-    events: Sequence[Mapping[str, Any]],
     gt_events: Sequence[Mapping[str, Any]] | None = None,
     probs_file: PathLike | None = None,
     fps: float | None = None,
-) -> Exam:
-    """Assemble one exam: its rows, their frames, probabilities and events.
+) -> tuple[Video, ExamFrames]:
+    """Assemble one exam: its rows (sorted by frame number) with their probabilities and ground truth, and their frames.
 
     Args:
         video_id: the video id.
         frames: one entry of :func:`frames_by_video`.
-        events: predicted events (confidence order).
-        gt_events: ground-truth events or ``None``.
-        probs_file: ``<video_id>.npz`` (see :func:`monai_vce.handlers.event_writer.load_video_probs`) or ``None``.
+        gt_events: ground-truth events (the video's ``events``) or ``None``.
+        probs_file: ``<video_id>.npz`` (see :func:`monai_vce.events.load_video_probs`) or ``None``: the rows are
+            then the frames on disk and their probabilities ``(T, 0)`` (see :func:`has_probs`).
         fps: frame rate of frame folders; a video file's own frame rate is used when this is ``None``.
+
+    Returns:
+        ``(video, frames)``.
 
     Raises:
         ValueError: frames of several video files in one video, or a probability file whose frames are not on
@@ -133,8 +112,8 @@ def load_exam(
             fps = probe_video(video).fps
     probs = None
     if probs_file is not None:
-        probs, p_index = load_probabilities(probs_file, frame_units="frame_index")
-        _, p_number = load_probabilities(probs_file, frame_units="frame_number")
+        record = load_video_probs(probs_file)
+        probs, p_index, p_number = record.probs, record.frame_index, record.frame_number
         pos = np.searchsorted(number, p_number)
         pos_c = np.minimum(pos, max(len(number) - 1, 0))
         found = (pos < len(number)) & (number[pos_c] == p_number) if len(number) else np.zeros(len(p_number), bool)
@@ -147,16 +126,17 @@ def load_exam(
         o = np.argsort(p_number, kind="stable")
         probs, index, number = probs[o], p_index[o], p_number[o]
         images = [images[i] for i in pos_c[o]]
-    return Exam(
-        video_id=video_id,
-        frame_index=index.astype(np.int64),
-        frame_number=number.astype(np.int64),
-        images=None if video is not None else images,
-        video=video,
-        fps=float(fps) if fps else None,
-        probs=None if probs is None else np.ascontiguousarray(probs, np.float32),
-        events=[dict(e) for e in events],
-        gt_events=None if gt_events is None else [dict(e) for e in gt_events],
+    if probs is None:
+        probs = np.zeros((len(index), 0), np.float32)
+    record = Video(
+        video_id,
+        np.ascontiguousarray(probs, np.float32),
+        index.astype(np.int64),
+        number.astype(np.int64),
+        events=None if gt_events is None else [dict(e) for e in gt_events],
+    )
+    return record, ExamFrames(
+        images=None if video is not None else images, video=video, fps=float(fps) if fps else None
     )
 
 
@@ -172,8 +152,9 @@ def event_rows(ids: np.ndarray, events: Sequence[Mapping[str, Any]]) -> tuple[np
 
 
 def peak_row(probs: np.ndarray | None, first: int, last: int, labels: Sequence[str]) -> int:
-    """The row of an event where its labels' probability is highest (the middle row without probabilities)."""
-    if probs is None or last < first:
+    """The row of an event where its labels' probability is highest (the middle row without probabilities,
+    ``None`` or ``(T, 0)``)."""
+    if probs is None or probs.shape[1] == 0 or last < first:
         return (first + last) // 2
     cols = [LABELS.index(n) for n in labels if n in LABELS] or list(range(NUM_LABELS))
     return first + int(np.argmax(probs[first : last + 1, cols].max(axis=1)))

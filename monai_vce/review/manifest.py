@@ -1,13 +1,5 @@
-"""The manifest of a review site: the files the site wrote, so that a rerun replaces only those.
-
-``REVIEW_DIR/.monai_vce_review.json``::
-
-    {"format": "monai-vce review site manifest", "version": 1, "files": ["index.html", "exams/1/thumbs/0.jpg", ...]}
-
-Paths are relative to the site folder, ``/``-separated. The manifest is written (atomically) *before* the files it
-adds, so a run killed midway leaves only files the next run knows as its own. A file the site is about to write, or
-one inside an exam's folder, that the manifest does not list was not written by the site: it is refused with one line
-naming it and never deleted or replaced.
+"""The manifest of a review site (``.monai_vce_review.json``): the files the site wrote, so that a rerun replaces
+only those.
 """
 
 from __future__ import annotations

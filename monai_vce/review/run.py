@@ -8,8 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from monai_vce.events.metadata import describe_events_file, read_frame_units
-from monai_vce.events.units import FrameUnits, as_frame_units
+from monai_vce.events.metadata import events_in_common_units
 from monai_vce.metrics import load_events
 from monai_vce.review.site import write_review_site
 
@@ -24,7 +23,6 @@ def write_run_review(
     datalist: Sequence[Mapping[str, Any]],
     probs_dir: str | os.PathLike | None = None,
     gt: str | os.PathLike | Mapping[str, Any] | None = None,
-    frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
     fps: float | None = None,
     **kwargs: Any,
 ) -> Path | None:
@@ -32,7 +30,8 @@ def write_run_review(
 
     The bundle configs call this after the event JSON is written: ``review_dir`` is ``<output_dir>/review``
     when their ``review`` flag is on (the evaluation's default) and ``None`` otherwise (inference's default, since
-    a large batch of exams is often not reviewed at once).
+    a large batch of exams is often not reviewed at once). The frame units are those recorded beside the event
+    files (:func:`~monai_vce.events.metadata.events_in_common_units`).
 
     Args:
         review_dir: the site folder, or ``None`` to write nothing.
@@ -40,7 +39,6 @@ def write_run_review(
         datalist: the run's frame datalist (every video of the JSON; frame images or video files).
         probs_dir: the run's per-video probability files.
         gt: ground-truth event JSON (path or object), e.g. the evaluation's ``ground_truth.json``.
-        frame_units: frame units of the events (the decoder's ``frame_units``).
         fps: frame rate of frame folders (video files carry their own).
         kwargs: more :func:`monai_vce.review.write_review_site` arguments.
 
@@ -56,19 +54,11 @@ def write_run_review(
             return None
     except ImportError:  # pragma: no cover
         pass
-
-    recorded = read_frame_units(events_file)
-    if recorded is not None and recorded is not as_frame_units(frame_units):
-        raise ValueError(
-            f"the event file {describe_events_file(events_file, recorded)} is not in "
-            f"{as_frame_units(frame_units).value} units, the units its review site was asked for"
-        )
-    pred = load_events(events_file)
+    # the units recorded beside the run's event files (a run always writes them); the site gets the checked object
+    pred, units = events_in_common_units(events_file, load_events(events_file), gt, None, probs_dir, str(events_file))
     keep = {str(v["video_id"]) for v in pred["videos"]}
     data = [d for d in datalist if str(d["video_id"]) in keep]
-    index = write_review_site(
-        pred, data, review_dir, probs_dir=probs_dir, gt=gt, frame_units=frame_units, fps=fps, **kwargs
-    )
-    logger.info(f"review site of {len(pred['videos'])} videos: {index}")
+    index = write_review_site(pred, data, review_dir, probs_dir=probs_dir, gt=gt, frame_units=units, fps=fps, **kwargs)
+    logger.info(f"review site of {len(keep)} videos: {index}")
     print(f"review site: {Path(index).resolve()}", flush=True)
     return index

@@ -1,28 +1,6 @@
 """The reader's review site: a static, self-contained set of pages to review, correct and export the events.
 
-Layout written by :func:`write_review_site`::
-
-    REVIEW_DIR/index.html               the exams: frames, events, predicted labels, review progress
-    REVIEW_DIR/index.js                 the index's data
-    REVIEW_DIR/assets/review.{js,css}   the page code and style (plain JavaScript and CSS, no library)
-    REVIEW_DIR/exams/<name>.html        one page per exam
-    REVIEW_DIR/exams/<name>/data.js     its data: rows, probabilities (8 bit), events, frame sources
-    REVIEW_DIR/exams/<name>/thumbs/     JPEG thumbnails (the timeline strip and the events)
-    REVIEW_DIR/exams/<name>/frames/     full-size JPEG frames around the events (exams stored as video files)
-    REVIEW_DIR/.monai_vce_review.json   the manifest: every file the site wrote (see :mod:`.manifest`)
-
-A rerun replaces only files of the manifest: other files beside the site are left as they are, and a file the
-site would write over (or one inside an exam's folder) that the manifest does not list is refused with one line
-naming it, never deleted. The folder is locked (:class:`monai_vce.utils.OutputLock`) while it is written.
-
-``<name>`` is the video's file name (:func:`monai_vce.events.video_file_name`, the name of all its files: ASCII
-letters, digits, ``-``, ``_`` and ``.`` kept, any other character as ``%XX``), so any id (even one made of markup
-or a path) gives a distinct, harmless file name; links to it are percent-encoded again. Every page opens from disk (``file://``): data files are
-scripts, not fetched JSON; nothing is loaded from the network. Video ids and labels reach the pages only as
-JSON data and are inserted as text, never as markup.
-
-The frame viewer of a frame-folder exam shows the original frame files through relative links: keep the
-frames where they are (or move the site and the frames together).
+Opens from disk, loads nothing from the network; a rerun replaces only the files of its manifest.
 """
 
 from __future__ import annotations
@@ -41,12 +19,12 @@ from urllib.parse import quote
 import numpy as np
 
 from monai_vce.data.video import video_source
-from monai_vce.events.metadata import convert_events, describe_events_file, frame_id_maps, recorded_frame_units
-from monai_vce.events.probabilities import check_video_ids, probability_file, video_file_name
+from monai_vce.events.metadata import events_in_common_units
+from monai_vce.events.probabilities import Video, check_video_ids, probability_file, video_file_name
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import ANATOMY, LABELS, PATHOLOGY, SECTIONS
 from monai_vce.metrics import check_events, load_events
-from monai_vce.review.exams import Exam, event_rows, frames_by_video, load_exam, peak_row
+from monai_vce.review.exams import ExamFrames, event_rows, frames_by_video, has_probs, load_exam, peak_row
 from monai_vce.review.manifest import SiteManifest
 from monai_vce.review.thumbnails import ImageJob, render_jobs
 from monai_vce.utils import OutputLock, atomic_write_text, safe_text
@@ -132,8 +110,8 @@ def _url(path: Path, start: Path) -> str:
     return "/".join(quote(part) for part in Path(rel).parts) if rel != "." else "."
 
 
-def _event_entries(exam: Exam, events: Sequence[Mapping[str, Any]], frame_units: str, thumbs: int) -> list[dict]:
-    ids = exam.ids(frame_units)
+def _event_entries(ids: np.ndarray, probs: np.ndarray, events: Sequence[Mapping[str, Any]], thumbs: int) -> list[dict]:
+    """Each event with its first and last row (``s``, ``e``); the first ``thumbs`` also with their thumbnail rows."""
     first, last = event_rows(ids, events)
     out = []
     for k, e in enumerate(events):
@@ -141,7 +119,7 @@ def _event_entries(exam: Exam, events: Sequence[Mapping[str, Any]], frame_units:
         labels = [n for n in LABELS if n in {str(x).strip().lower() for x in e["label"]}]
         entry: dict[str, Any] = {"start": int(e["start"]), "end": int(e["end"]), "label": labels, "s": s, "e": t}
         if k < thumbs and t >= s:
-            p = peak_row(exam.probs, s, t, labels)
+            p = peak_row(probs, s, t, labels)
             between = np.linspace(s, t, 6)[1:-1].round().astype(np.int64).tolist() if t - s > 1 else []
             rows = sorted({s, t, p, *between})
             entry["peak"] = p
@@ -150,10 +128,9 @@ def _event_entries(exam: Exam, events: Sequence[Mapping[str, Any]], frame_units:
     return out
 
 
-def _full_rows(exam: Exam, entries: Sequence[Mapping[str, Any]], budget: int, margin: int = 6) -> np.ndarray:
-    """Rows stored at full size for an exam stored as a video file: around each event's ends, its peak and
-    evenly inside it, events in confidence order, until ``budget`` rows."""
-    t = len(exam)
+def _full_rows(t: int, entries: Sequence[Mapping[str, Any]], budget: int, margin: int = 6) -> np.ndarray:
+    """Rows (of ``t``) stored at full size for an exam stored as a video file: around each event's ends, its peak
+    and evenly inside it, events in confidence order, until ``budget`` rows."""
     chosen: list[int] = []
     seen: set[int] = set()
     for e in entries:
@@ -173,30 +150,32 @@ def _full_rows(exam: Exam, entries: Sequence[Mapping[str, Any]], budget: int, ma
     return np.asarray(sorted(chosen), np.int64)
 
 
-def _source_digest(exam: Exam, frame_units: str, params: Mapping[str, Any]) -> str:
+def _source_digest(frames: ExamFrames, frame_number: np.ndarray, params: Mapping[str, Any]) -> str:
     h = hashlib.sha256()
-    if exam.video is not None:
-        h.update(json.dumps(video_source(exam.video), sort_keys=True).encode())
+    if frames.video is not None:
+        h.update(json.dumps(video_source(frames.video), sort_keys=True).encode())
     else:
-        assert exam.images is not None
-        for p in exam.images:
+        assert frames.images is not None
+        for p in frames.images:
             h.update(p.encode("utf-8", "surrogateescape") + b"\n")
-    h.update(exam.frame_number.tobytes())
+    h.update(frame_number.tobytes())
     h.update(json.dumps(dict(params), sort_keys=True).encode())
     return h.hexdigest()
 
 
-def _state_key(exam: Exam, frame_units: str) -> str:
+def _state_key(video_id: str, units: str, events: Sequence[Mapping[str, Any]], ids: np.ndarray) -> str:
     """Identifies the review state of an exam in the browser: the same predictions on the same frames keep it."""
     h = hashlib.sha256()
-    h.update(json.dumps([exam.video_id, frame_units, exam.events], sort_keys=True, default=str).encode())
-    h.update(exam.ids(frame_units).tobytes())
+    h.update(json.dumps([video_id, units, list(events)], sort_keys=True, default=str).encode())
+    h.update(ids.tobytes())
     return h.hexdigest()[:16]
 
 
 def exam_data(
-    exam: Exam,
-    frame_units: str,
+    video: Video,
+    frames: ExamFrames,
+    events: Sequence[Mapping[str, Any]],
+    frame_units: FrameUnits | str,
     page_dir: Path,
     strip_frames: int = 1500,
     max_event_thumbnails: int = 1000,
@@ -206,8 +185,10 @@ def exam_data(
     """The data of one exam page, the images it needs and its index entry.
 
     Args:
-        exam: the exam.
-        frame_units: frame units of the events.
+        video: the exam's rows (:func:`~monai_vce.review.exams.load_exam`), its ``events`` the ground truth.
+        frames: where the rows' frames are.
+        events: the predicted events (confidence order).
+        frame_units: frame units of the events (the site's frame ids).
         page_dir: the folder of the exam's page (relative links to the frames start there).
         strip_frames: timeline thumbnails (sampled evenly).
         max_event_thumbnails: events (in confidence order) that get their own thumbnails.
@@ -217,27 +198,30 @@ def exam_data(
     Returns:
         ``(data, image job, index entry)``.
     """
-    t = len(exam)
-    name = exam_file_name(exam.video_id)
-    events = _event_entries(exam, exam.events, frame_units, max_event_thumbnails)
-    gt = _event_entries(exam, exam.gt_events, frame_units, 0) if exam.gt_events is not None else None
+    units = as_frame_units(frame_units).value
+    ids = video.frame_ids(units)
+    t = len(video)
+    name = exam_file_name(video.video_id)
+    pred = [dict(e) for e in events]
+    entries = _event_entries(ids, video.probs, pred, max_event_thumbnails)
+    gt = _event_entries(ids, video.probs, video.events, 0) if video.events is not None else None
     strip = np.unique(np.linspace(0, t - 1, min(t, strip_frames)).round().astype(np.int64)) if t else np.zeros(0, int)
-    event_thumbs = [r for e in events for r in e.get("thumbs", [])]
+    event_thumbs = [r for e in entries for r in e.get("thumbs", [])]
     thumb_rows = np.union1d(strip, np.asarray(event_thumbs, np.int64))
-    full_rows = _full_rows(exam, events, max_full_frames) if exam.video is not None else np.zeros(0, np.int64)
-    if exam.video is not None:
+    full_rows = _full_rows(t, entries, max_full_frames) if frames.video is not None else np.zeros(0, np.int64)
+    if frames.video is not None:
         full_rows = np.union1d(full_rows, strip)  # the strip's frames are decoded anyway
         if len(full_rows) > max_full_frames + len(strip):
             full_rows = full_rows[: max_full_frames + len(strip)]
-    frames: dict[str, Any]
-    if exam.video is not None:
-        frames = {"kind": "stored", "dir": f"{quote(name)}/frames", "rows": _b64(full_rows.astype("<i4"))}
+    where: dict[str, Any]
+    if frames.video is not None:
+        where = {"kind": "stored", "dir": f"{quote(name)}/frames", "rows": _b64(full_rows.astype("<i4"))}
     else:
-        assert exam.images is not None
-        folders = {os.path.dirname(p) for p in exam.images}
-        pattern = _frame_pattern([os.path.basename(p) for p in exam.images]) if len(folders) == 1 else None
-        if pattern is not None and (pattern["numbers"] == exam.frame_number).all():
-            frames = {
+        assert frames.images is not None
+        folders = {os.path.dirname(p) for p in frames.images}
+        pattern = _frame_pattern([os.path.basename(p) for p in frames.images]) if len(folders) == 1 else None
+        if pattern is not None and (pattern["numbers"] == video.frame_number).all():
+            where = {
                 "kind": "files",
                 "base": _url(Path(next(iter(folders))), page_dir),
                 "prefix": pattern["prefix"],
@@ -245,53 +229,53 @@ def exam_data(
                 "suffix": pattern["suffix"],
             }
         else:
-            frames = {"kind": "files", "urls": [_url(Path(p), page_dir) for p in exam.images]}
+            where = {"kind": "files", "urls": [_url(Path(p), page_dir) for p in frames.images]}
     probs = None
-    if exam.probs is not None:
-        q = np.clip(np.round(exam.probs * 255.0), 0, 255).astype(np.uint8)
+    if has_probs(video):
+        q = np.clip(np.round(video.probs * 255.0), 0, 255).astype(np.uint8)
         probs = _b64(np.ascontiguousarray(q.T))  # label-major: each lane's trace is one slice
     data = {
         "version": SITE_FORMAT_VERSION,
-        "video_id": exam.video_id,
+        "video_id": video.video_id,
         "name": name,
-        "state_key": _state_key(exam, frame_units),
-        "units": frame_units,
-        "fps": exam.fps,
+        "state_key": _state_key(video.video_id, units, pred, ids),
+        "units": units,
+        "fps": frames.fps,
         "num_frames": t,
-        "source": os.path.basename(exam.video) if exam.video is not None else None,
-        "frame_index": _int_array(exam.frame_index),
-        "frame_number": _int_array(exam.frame_number),
+        "source": os.path.basename(frames.video) if frames.video is not None else None,
+        "frame_index": _int_array(video.frame_index),
+        "frame_number": _int_array(video.frame_number),
         "labels": list(LABELS),
         "anatomy": list(ANATOMY),
         "pathology": list(PATHOLOGY),
         "sections": list(SECTIONS),
         "section_colors": SECTION_COLORS,
         "probs": probs,
-        "events": events,
+        "events": entries,
         "gt": gt,
         "thumbs": {"dir": f"{quote(name)}/thumbs", "rows": _b64(thumb_rows.astype("<i4")), "size": thumb_size},
-        "frames": frames,
+        "frames": where,
     }
     job = ImageJob(
-        images=exam.images,
-        video=exam.video,
+        images=frames.images,
+        video=frames.video,
         thumb_rows=thumb_rows,
         full_rows=full_rows,
         thumb_dir=page_dir / name / "thumbs",
         full_dir=page_dir / name / "frames",
         num_frames=t,
     )
-    found = {n for e in events for n in e["label"]}
+    found = {n for e in entries for n in e["label"]}
     entry = {
-        "video_id": exam.video_id,
+        "video_id": video.video_id,
         "page": f"exams/{quote(name)}.html",
         "state_key": data["state_key"],
         "num_frames": t,
-        "fps": exam.fps,
-        "units": frame_units,
+        "fps": frames.fps,
+        "units": units,
         "labels": [n for n in LABELS if n in found],
         "gt_events": None if gt is None else len(gt),
-        "events": [{"start": e["start"], "end": e["end"], "label": e["label"]} for e in events],
+        "events": [{"start": e["start"], "end": e["end"], "label": e["label"]} for e in entries],
     }
     return data, job, entry
 
@@ -354,7 +338,7 @@ def write_review_site(
     num_workers: int | None = None,
     progress: bool = True,
 ) -> Path:
-    """Write the review site of a prediction (see the module docstring for the layout).
+    """Write the review site of a prediction (see ``docs/design/report-review.md`` for the layout).
 
     Args:
         pred: the predicted event JSON (path or object); its event order is the confidence order.
@@ -392,8 +376,6 @@ def write_review_site(
     Warns:
         UserWarning: non-finite or out-of-range probabilities (one line naming the video, frame and label).
     """
-    if frame_units is not None:
-        frame_units = as_frame_units(frame_units)
     if videos is not None and (isinstance(videos, (str, bytes)) or not isinstance(videos, Sequence)):
         raise ValueError(f"videos must be a list of video ids, got {videos!r}")
     if not isinstance(progress, bool):
@@ -410,18 +392,7 @@ def write_review_site(
         raise FileNotFoundError(f"probability folder {safe_text(probs_dir)} not found (or not a folder)")
     pred_obj, pred_src = _load_events_arg(pred, "prediction")
     gt_obj = _load_events_arg(gt, "ground truth")[0] if gt is not None else None
-    pred_units = recorded_frame_units(pred, frame_units, "prediction")
-    gt_units = recorded_frame_units(gt, frame_units, "ground truth") if gt is not None else None
-    units = as_frame_units(frame_units or gt_units or pred_units or FrameUnits.FRAME_INDEX)
-    if pred_units is not None and pred_units is not units:
-        if probs_dir is None:
-            raise ValueError(
-                f"frame units differ: the prediction {describe_events_file(pred_src, pred_units)}, the ground truth "
-                f"{describe_events_file(gt if isinstance(gt, (str, os.PathLike)) else 'object', units)}; give the "
-                "probability files (--probs) to convert"
-            )
-        pred_obj = convert_events(pred_obj, pred_units, units, frame_id_maps(probs_dir, pred_obj), pred_src)
-    frame_units = units.value
+    pred_obj, units = events_in_common_units(pred, pred_obj, gt, frame_units, probs_dir, pred_src)
     pred_videos = {str(v["video_id"]): list(v["events"]) for v in pred_obj["videos"]}
     gt_videos = {str(v["video_id"]): list(v["events"]) for v in gt_obj["videos"]} if gt_obj is not None else None
     order = check_video_ids(pred_videos if videos is None else videos, str(pred_src))
@@ -453,29 +424,30 @@ def write_review_site(
             npz = probability_file(probs_dir, vid)
             if not npz.is_file():
                 raise FileNotFoundError(f"probability file {npz} of video {vid!r} not found")
-        exam = load_exam(
+        video, exam_frames = load_exam(
             vid,
             by_video[vid],
-            pred_videos[vid],
             gt_events=None if gt_videos is None else gt_videos.get(vid, []),
             probs_file=npz,
             fps=fps,
         )
-        _check_range(exam, exam.events, "predicted", frame_units)
-        if exam.gt_events is not None:
-            _check_range(exam, exam.gt_events, "ground-truth", frame_units)
-        _check_probs(exam, npz, frame_units)
-        data, job, entry = exam_data(exam, frame_units, exams_dir, **params)
+        ids = video.frame_ids(units)
+        _check_range(vid, ids, pred_videos[vid], "predicted", units)
+        if video.events is not None:
+            _check_range(vid, ids, video.events, "ground-truth", units)
+        if npz is not None:
+            video.probs = _checked_probs(video.probs, ids, npz, vid, units)
+        data, job, entry = exam_data(video, exam_frames, pred_videos[vid], units, exams_dir, **params)
         pages.append((data["name"], data))
         jobs.append(job)
         entries.append(entry)
-        digests.append(_source_digest(exam, frame_units, params))
+        digests.append(_source_digest(exam_frames, video.frame_number, params))
     try:
         lock = OutputLock(out).acquire()
     except (FileExistsError, NotADirectoryError):
         raise NotADirectoryError(f"cannot write the review site into {out}: a file is in its way") from None
     try:
-        return _write_site(out, pages, jobs, entries, digests, pred_src, frame_units, thumb_size, num_workers, progress)
+        return _write_site(out, pages, jobs, entries, digests, pred_src, units.value, thumb_size, num_workers, progress)
     finally:
         lock.release()
 
@@ -539,23 +511,20 @@ def _write_site(
     return atomic_write_text(out / "index.html", _INDEX_PAGE.format(count=len(entries)))
 
 
-def _check_probs(exam: Exam, source: PathLike | None, frame_units: str) -> None:
-    """Warn (one line: video, first bad frame, label, count) on probabilities that are not finite numbers in
-    [0, 1]; they are drawn as 0 (non-finite) or clipped, never silently."""
-    if exam.probs is None:
-        return
-    p = exam.probs
+def _checked_probs(p: np.ndarray, ids: np.ndarray, source: PathLike, video_id: str, units: FrameUnits) -> np.ndarray:
+    """``p``, or with a warning (one line: video, first bad frame, label, count) a copy where probabilities that
+    are not finite numbers in [0, 1] are 0 (non-finite) or clipped, never silently."""
     bad = ~np.isfinite(p) | (p < 0) | (p > 1)
     if not bad.any():
-        return
+        return p
     row, col = (int(x[0]) for x in np.nonzero(bad))
     warnings.warn(
-        f"probability file {safe_text(source)}: video {safe_text(repr(exam.video_id))} has {int(bad.sum())} "
-        f"probabilities that are not finite numbers in [0, 1] (first: {frame_units} {int(exam.ids(frame_units)[row])}, "
+        f"probability file {safe_text(source)}: video {safe_text(repr(video_id))} has {int(bad.sum())} "
+        f"probabilities that are not finite numbers in [0, 1] (first: {units.value} {int(ids[row])}, "
         f"label {LABELS[col]!r}, value {float(p[row, col])!r}); drawn as 0 or clipped to [0, 1]",
         stacklevel=3,
     )
-    exam.probs = np.clip(np.nan_to_num(p, nan=0.0, posinf=1.0, neginf=0.0), 0.0, 1.0).astype(np.float32)
+    return np.clip(np.nan_to_num(p, nan=0.0, posinf=1.0, neginf=0.0), 0.0, 1.0).astype(np.float32)
 
 
 #: Accepted range of each numeric setting of :func:`write_review_site` (inclusive).
@@ -580,16 +549,18 @@ def _check_settings(fps: float | None, **values: Any) -> None:
         raise ValueError(f"fps must be a frame rate in (0, 10000] frames per second, got {fps!r}")
 
 
-def _check_range(exam: Exam, events: Sequence[Mapping[str, Any]], role: str, frame_units: str) -> None:
+def _check_range(
+    video_id: str, ids: np.ndarray, events: Sequence[Mapping[str, Any]], role: str, units: FrameUnits
+) -> None:
     """Events beyond the exam's frames mean the wrong video or the wrong frame units: say so rather than draw nothing."""
-    if not events or not len(exam):
+    if not events or not len(ids):
         return
-    ids = exam.ids(frame_units)
+    frame_units = units.value
     lo = min(int(e["start"]) for e in events)
     hi = max(int(e["end"]) for e in events)
     if lo < int(ids[0]) or hi > int(ids[-1]):
         raise ValueError(
-            f"video {exam.video_id!r}: the {role} events span {frame_units} {lo} to {hi} but its frames cover {frame_units} "
+            f"video {video_id!r}: the {role} events span {frame_units} {lo} to {hi} but its frames cover {frame_units} "
             f"{int(ids[0])} to {int(ids[-1])}; the files do not match (wrong video, frames or --frame-units?)"
         )
 

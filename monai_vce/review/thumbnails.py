@@ -1,15 +1,5 @@
-"""Thumbnails and stored frames of a review site: small JPEG files, written once, in parallel.
-
-A site stores, per exam, at most ``strip_frames`` timeline thumbnails (frames sampled evenly along the exam)
-plus up to 7 thumbnails per event for the first ``max_event_thumbnails`` events, all ``thumb_size`` pixels on
-their longer side; an exam stored as a video file also gets full-size JPEG frames around its events (at most
-``max_full_frames``), since a browser cannot seek a frame of a compressed video by number. Frame folders need
-no stored frames: the frame viewer shows the original image files. So a site's size is bounded by these
-counts, not by the exam's length.
-
-Frame images are read and encoded by a thread pool (Pillow releases Python's lock while decoding and encoding);
-a video file is decoded once, sequentially (:func:`monai_vce.data.video.iter_video_frames`), and the frames it
-needs are encoded as they pass. A progress bar (tqdm) counts the frames read.
+"""Thumbnails and stored frames of a review site: small JPEG files, bounded per exam, written once by a thread
+pool.
 """
 
 from __future__ import annotations

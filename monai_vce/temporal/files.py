@@ -1,9 +1,5 @@
-"""Folders of per-video probability files in and out of the temporal refiner.
-
-The refiner reads and writes the project's per-video format (``<video_id>.npz``, see
-:mod:`monai_vce.events.probabilities`) through its one reader and writer, so refined files are drop-in
-replacements for the frame model's, and frame ids are chosen with the project's
-:class:`~monai_vce.events.FrameUnits`.
+"""Folders of per-video probability files in and out of the temporal refiner; refined files are drop-in
+replacements for the frame model's.
 """
 
 from __future__ import annotations
@@ -15,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from monai_vce.events.ground_truth import with_ground_truth
 from monai_vce.events.probabilities import (
     Video,
     load_video_probs,
@@ -24,7 +21,7 @@ from monai_vce.events.probabilities import (
 )
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.events.validation import load_events
-from monai_vce.utils import atomic_write_json, read_json_file, renamed_arguments, safe_text
+from monai_vce.utils import atomic_write_json, read_json_file, safe_text
 
 from .refiner import RefinerEnsemble, TemporalRefiner
 
@@ -59,14 +56,13 @@ def _with_features(path: Path, needed: bool) -> Video:
     return video
 
 
-@renamed_arguments(units="frame_units")
 def read_videos(
     probs_dir: PathLike,
     gt: PathLike | Mapping[str, Any] | None = None,
     frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
     features: bool = False,
-) -> dict[str, tuple]:
-    """Read a folder of per-video files as the tuples :func:`~monai_vce.temporal.fit_refiner` takes.
+) -> dict[str, Video]:
+    """Read a folder of per-video files as the videos :func:`~monai_vce.temporal.fit_refiner` takes.
 
     Args:
         probs_dir: folder of ``<video_id>.npz`` files.
@@ -77,8 +73,8 @@ def read_videos(
         features: also read each file's ``features`` (an error when a file has none).
 
     Returns:
-        ``{video_id: (probs, frame_ids, gt_events)}``, or ``(probs, frame_ids, gt_events, features)`` with
-        ``features=True``.
+        ``{video_id: Video}`` with ground-truth ``events`` in ``frame_units`` and the ``targets`` they mark
+        (:func:`~monai_vce.events.with_ground_truth`), and ``features`` with ``features=True``.
 
     Raises:
         FileNotFoundError: a missing folder or file.
@@ -99,12 +95,10 @@ def read_videos(
                 f"{name} has no video {missing[0]!r} (of {files[missing[0]]})"
                 + (f" nor {len(missing) - 1} more" if len(missing) > 1 else "")
             )
-    out: dict[str, tuple] = {}
-    for vid, path in files.items():
-        video = _with_features(path, features)
-        item: tuple = (video.probs, video.frame_ids(units), events.get(vid, []))
-        out[vid] = (*item, video.features) if features else item
-    return out
+    return {
+        vid: with_ground_truth(_with_features(path, features), events.get(vid, []), units)
+        for vid, path in files.items()
+    }
 
 
 def _refined_from(target: Path, video: Video, source: str) -> bool:

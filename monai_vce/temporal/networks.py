@@ -1,39 +1,7 @@
 """Temporal refinement networks: multi-stage dilated temporal convolutions over a whole video.
 
-Why MS-TCN. A capsule video has 4,000-134,000 frames; sections last thousands of frames while landmarks and
-pathology runs last a few. The multi-stage temporal convolutional network of Farha and Gall ("MS-TCN:
-Multi-Stage Temporal Convolutional Network for Action Segmentation", CVPR 2019) was designed for exactly this
-regime, long untrimmed videos segmented frame by frame, and is the usual temporal stage of surgical phase
-recognition (TeCNO, Czempiel et al., MICCAI 2020). It suits the product for four reasons:
-
-- **Long context at full resolution.** Each stage stacks ``layers`` residual layers whose dilation doubles
-  (1, 2, 4, ...), so a stage of 10 layers sees 2,047 frames while every output stays at frame resolution (no
-  pooling, so event boundaries are not blurred by down-sampling), and later stages refine the previous
-  stage's predictions, which removes over-segmentation.
-- **Linear cost and memory.** Cost is ``O(T * layers * channels^2)``: a 130,000-frame video is one
-  convolution pass of a few seconds on one CPU core, and no ``T x T`` attention map is ever built, so whole
-  videos fit in memory.
-- **Exact chunking.** Outputs depend on a finite window: :attr:`MultiStageTCN.context` frames on each side.
-  Inference over overlapping chunks with that much overlap reproduces whole-video inference exactly (up to
-  floating point), whatever the chunk size, which bounds memory for arbitrarily long inputs (features).
-- **Few parameters.** About 0.1-0.4 M, which a few dozen training videos can fit without over-fitting.
-
-A windowed-attention transformer would also reach long context, but needs many more training videos to beat
-a convolution prior; the refiner is swappable (any ``nn.Module`` mapping ``(B, C_in, T)`` to ``(B, 17, T)``
-logits or to a stack of per-stage logits), so one can be tried without changing the rest.
-
-The default network of a refiner that reads probabilities is :class:`LabelwiseTCN`: a first MS-TCN stage
-run over each label's evidence separately with weights shared by all 17 labels (each label's sequence is one
-more example of the same denoising problem, so the rare labels learn from the common ones), fed also with the
-step states of the evidence (:func:`change_point_states`: where the evidence last jumped behind a frame and
-next jumps ahead of it, the boundaries of the run it lies in most likely are), then an MS-TCN stage over all
-labels together. On simulated probabilities of the Galar
-timelines it beats the plain multi-label MS-TCN, whose 32 channels shared by 17 labels
-smooth short runs away (BENCHMARKS.md, "Temporal refiner").
-
-Multi-label adaptation: the stages exchange sigmoid probabilities (MS-TCN uses a softmax over exclusive
-classes; the 17 labels here are not exclusive), and padded frames of a batch are masked after every layer, so
-a padded crop is processed exactly as if it ended at its last real frame.
+:class:`MultiStageTCN` and :class:`LabelwiseTCN` map ``(B, C_in, T)`` to per-stage ``(B, 17, T)`` logits.
+Reference: Farha and Gall, "MS-TCN", CVPR 2019.
 """
 
 from __future__ import annotations
@@ -336,24 +304,10 @@ def change_point_states(
 class LabelwiseTCN(nn.Module):
     """A label-wise denoising stage shared by all labels, then MS-TCN stages over all labels together.
 
-    Stage 1 runs *one* dilated temporal convolution stack (:class:`SingleStageTCN`) over each label's evidence
-    sequence separately: the label's standardised logit, a learned embedding of the label and, with
-    ``change_points``, its step states (:func:`change_point_states`). Its weights are shared by the 17 labels,
-    as a channel-independent time-series model shares them across channels: what a frame model's errors look
-    like in time (noise correlated over neighbouring frames, isolated flipped frames, spurious bursts) is much
-    the same for every label, so each label's sequence is one more example of the same denoising problem, and
-    a label with a few hundred positive frames learns from the others' millions. It returns a correction of
-    each label's logit and ``label_features`` more channels per label.
-
-    The context stages (as in :class:`MultiStageTCN`, residual) then see every label's corrected probability
-    and features together, plus the inputs beyond the per-label evidence (positions, features): what co-occurs
-    with what, which section a finding lies in, which landmark sits near which transition. All output layers
-    start at zero, so the untrained network returns its input evidence (through a per-label affine map that
-    :meth:`init_skip` sets to undo the standardisation).
-
-    Cost: stage 1 costs about ``out_channels`` times one stage of ``channels`` channels per frame, so its
-    channels are few (16 by default). Context: the larger of ``lookback`` and ``lookahead``, plus one (with change
-    points), plus the stages' receptive fields.
+    Stage 1 (:class:`SingleStageTCN`, weights shared by the 17 labels) reads each label's evidence alone (its logit,
+    a label embedding, optional step states) and returns a correction and ``label_features`` channels per label; the
+    context stages (residual, as :class:`MultiStageTCN`) see all labels together. Output layers start at zero, so the
+    untrained network returns its input evidence. Rationale: ``docs/design/temporal.md``.
 
     Args:
         in_channels: input channels per frame; the first ``out_channels`` must be the per-label evidence.

@@ -1,43 +1,5 @@
-"""Leakage-free training of the temporal refiner: out-of-fold inputs, cross-fitting and a guard.
-
-Why. A frame model's outputs on its own training frames are over-confident: it has fitted their labels. A
-refiner trained on them learns to trust the frame model more than it deserves, and on new videos (where the
-frame model errs more) it under-corrects. Likewise a refiner's outputs on its own training videos are too good,
-so a decoder tuned on them picks thresholds that fail on new videos. Hence two rules:
-
-1. The refiner's inputs for a video must come from a frame model that was *not* trained on that video.
-2. The decoder is tuned on refined probabilities of videos the refiner was *not* trained on.
-
-:func:`check_no_leakage` enforces both: given, per video, the training videos of the model that produced its
-inputs, it raises :class:`LeakageError` when a video is among them. :func:`~monai_vce.temporal.fit_refiner`
-runs it when given ``trained_on``; :func:`cross_fit_refiner` runs it for every fold.
-
-Two honest protocols, with their trade-off:
-
-- **Validation cross-fitting** (the default, :func:`cross_fit_refiner` on the validation videos): the frame
-  model is trained once on the training videos; its outputs on the validation videos are honest. The
-  validation videos are split into ``k`` folds; for each fold a refiner is fitted on the other folds and
-  refines the fold, giving out-of-fold refined probabilities of every validation video, on which the decoder
-  is tuned. For inference, the ``k`` fold refiners are applied together (:class:`RefinerEnsemble`, the mean of
-  their probabilities: the refiners whose outputs the decoder was tuned on), or a final refiner is refitted on
-  all validation videos (``final="refit"``). Cost: ``k`` refiner fits (``k + 1`` with a refit; minutes each on
-  a CPU) and ``k`` refinements of every new video (one with a refit), no extra frame-model training.
-  Limitation: the refiner learns from the validation videos only (16 of Galar's 80 at the default 20 % split).
-- **Out-of-fold frame outputs** (:func:`kfold_videos`, :func:`fold_provenance`): the training videos are split
-  into ``k`` folds and the frame model is retrained ``k`` times, each time without one fold, to produce that
-  fold's outputs. The refiner then learns from every training video's honest outputs (``trained_on`` =
-  :func:`fold_provenance`), and the decoder is tuned on the refined outputs of the validation videos (the
-  final frame model's, refined by a refiner that never saw them). Cost: ``k`` extra frame-model trainings
-  (each nearly a full training), worth it when the validation set alone is too small for the refiner.
-
-Whether the temporal stage helps at all depends on the frame model and the data: a refiner fitted on a few dozen
-videos can lose to a well-tuned decoder on the frame outputs alone. :func:`select_pipeline` compares the decoders
-tuned on the honest inputs of each candidate (the frame outputs; the out-of-fold refined probabilities) by the
-composed objective their tuning reached, and keeps the refiner only when it wins.
-
-The final frame model (trained on all training videos) is slightly better than the fold models whose outputs
-trained the refiner, so the refiner sees slightly better inputs at inference than in training; this errs on the
-side of the refiner under-trusting its inputs, the opposite of the leakage it replaces.
+"""Leakage-free training of the temporal refiner: out-of-fold inputs, cross-fitting, a leakage guard
+(:func:`check_no_leakage`) and the choice between the frame and the temporal pipeline.
 """
 
 from __future__ import annotations
@@ -48,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from monai_vce.events.probabilities import Video
 from monai_vce.postprocessing.gating import video_folds
 
 from .refiner import RefinerEnsemble, TemporalRefiner
@@ -160,14 +123,14 @@ class CrossFitResult:
         self.fold_refiners = fold_refiners
         self.folds = folds
 
-    def tuning_videos(self, videos: Mapping[str, Sequence[Any]]) -> dict[str, tuple]:
-        """``(refined probs, frame_ids, gt_events)`` per video: the decoder's honest tuning set
+    def tuning_videos(self, videos: Mapping[str, Video]) -> dict[str, Video]:
+        """The videos with their out-of-fold refined probabilities: the decoder's honest tuning set
         (for :func:`monai_vce.postprocessing.tune_decoder`)."""
-        return {k: (self.refined[k], videos[k][1], videos[k][2]) for k in self.refined}
+        return {k: videos[k].replace(probs=self.refined[k]) for k in self.refined}
 
 
 def cross_fit_refiner(
-    videos: Mapping[str, Sequence[Any]],
+    videos: Mapping[str, Video],
     inputs: str = "probs",
     folds: int | Mapping[str, int] = 3,
     final: str | None = "ensemble",
@@ -184,7 +147,8 @@ def cross_fit_refiner(
     the tuned decoder) to new videos.
 
     Args:
-        videos: ``(probs, frame_ids, gt_events[, features])`` per video id (honest inputs: see the module
+        videos: :class:`~monai_vce.events.Video` records with ``targets`` (and ground-truth ``events`` for
+            :meth:`CrossFitResult.tuning_videos`) per video id (honest inputs: see the module
             docstring).
         inputs: the refiner's inputs (``"probs"``, ``"features"``, ``"both"``).
         folds: number of folds (a seeded assignment of whole videos) or the fold of each video id.
@@ -241,8 +205,7 @@ def cross_fit_refiner(
         )
         check_no_leakage(held, refiner.trained_videos, what="refiner")
         for v in held:
-            item = videos[v]
-            refined[v] = refiner.refine(item[0], item[3] if len(item) > 3 else None)
+            refined[v] = refiner.refine(videos[v].probs, videos[v].features)
         fold_refiners.append(refiner)
     final_refiner: TemporalRefiner | RefinerEnsemble | None = None
     if final == "ensemble":

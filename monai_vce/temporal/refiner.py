@@ -1,25 +1,7 @@
 """The temporal refiner: a network over a whole video's per-frame inputs, returning refined probabilities.
 
-:class:`TemporalRefiner` is a ``torch.nn.Module`` that wraps a refinement network (by default
-:class:`~monai_vce.temporal.networks.MultiStageTCN`) with what turns per-frame outputs of the frame model into
-network inputs and back:
-
-- **Inputs** (``inputs``): ``"probs"`` (the ``(T, 17)`` frame probabilities, as logits ``log(p / (1 - p))``
-  with ``p`` clipped to ``[prob_floor, 1 - prob_floor]``: the frame model's logit is the natural linear scale
-  of its evidence), ``"features"`` (the ``(T, D)`` pooled image features) or ``"both"`` (concatenated). Each
-  input channel is standardised with the mean and standard deviation of the training frames, stored in the
-  module's buffers.
-- **Whole-video inference** (:meth:`TemporalRefiner.refine`): a video is processed in chunks of
-  ``chunk_size`` frames, each with :func:`~monai_vce.temporal.networks.network_context` frames of overlap on
-  both sides that are computed and thrown away. Since no output depends on frames further away than that,
-  the result equals whole-video inference up to floating point, whatever the chunk size; chunking only bounds
-  memory.
-- **Files** (:meth:`TemporalRefiner.save` / :meth:`TemporalRefiner.load`): one ``torch.save`` file holding the
-  configuration as a JSON string and the state dict, written atomically and read with
-  ``torch.load(weights_only=True)`` (no pickled code is ever executed) after its checksum is checked. The network
-  class is named by a key of :data:`NETWORKS` (the project's own refinement networks): nothing a file names is
-  ever imported, and every size it declares is range-checked and matched against its tensors before the network
-  is built.
+:class:`TemporalRefiner` wraps a :data:`NETWORKS` network (default :class:`LabelwiseTCN`; :class:`MultiStageTCN`
+for features alone), refines in exact chunks and saves one checked file.
 """
 
 from __future__ import annotations
@@ -96,13 +78,16 @@ def _class_path(obj: nn.Module) -> str:
     return _class_path_of(type(obj))
 
 
-#: The refinement networks a refiner file or config may name (``_target_``), by class name; their full class paths
-#: (as files written by this project record them) and the ``monai_vce.temporal`` re-exports are accepted too. A
-#: name outside it is refused before anything is imported: importing a module runs its code.
+def _network_name(obj: nn.Module) -> str:
+    """The ``_target_`` a file records: the :data:`NETWORKS` key of a project network, else the class path (such a
+    file is refused when read: nothing a file names is imported)."""
+    names = {cls: name for name, cls in NETWORKS.items()}
+    return names.get(type(obj), _class_path(obj))
+
+
+#: The refinement networks a refiner file or a ``network`` mapping may name (``_target_``), by class name; a name
+#: outside it is refused before anything is imported: importing a module runs its code.
 NETWORKS: dict[str, type[nn.Module]] = {"LabelwiseTCN": LabelwiseTCN, "MultiStageTCN": MultiStageTCN}
-_NETWORK_NAMES: dict[str, type[nn.Module]] = {
-    alias: cls for name, cls in NETWORKS.items() for alias in (name, _class_path_of(cls), f"monai_vce.temporal.{name}")
-}
 
 #: Accepted ranges of the integer sizes of a network's configuration, checked before it is built (a small file
 #: declaring huge sizes must not make the loader allocate gigabytes before refusing it).
@@ -126,10 +111,10 @@ _MAX_MEMBERS = 256
 
 
 def _network_class(target: Any) -> type[nn.Module]:
-    """The class named by a ``_target_``: a key of :data:`NETWORKS` (or its class path), or a class itself."""
+    """The class named by a ``_target_``: a key of :data:`NETWORKS`, or a class itself."""
     if isinstance(target, type) and issubclass(target, nn.Module):
         return target  # given in code, not read from a file
-    cls = _NETWORK_NAMES.get(target) if isinstance(target, str) else None
+    cls = NETWORKS.get(target) if isinstance(target, str) else None
     if cls is None:
         raise ValueError(
             f"network _target_ {_short(target)} is not a refinement network of this project; "
@@ -211,18 +196,19 @@ def _build_network(
 
 
 class TemporalRefiner(nn.Module):
-    """Refines a video's per-frame outputs with a temporal network (see the module docstring).
+    """Refines a video's per-frame outputs with a temporal network (see ``docs/design/temporal.md``).
 
     Args:
         inputs: ``"probs"``, ``"features"`` or ``"both"``.
         feature_dim: width ``D`` of the features (needed unless ``inputs="probs"``).
         network: the refinement network: ``None`` (with its defaults, a :class:`LabelwiseTCN` when the
             probabilities are among the inputs, else a :class:`MultiStageTCN`), a mapping of
-            its arguments, optionally with a ``"_target_"``: a key of :data:`NETWORKS` (or its class path; no
-            other name is imported) or an ``nn.Module`` class given in code (the input and output widths are
-            filled in), or a built module mapping ``(B, C_in, T)`` inputs and an
-            optional ``(B, 1, T)`` mask to ``(B, 17, T)`` or ``(S, B, 17, T)`` logits. A built module is saved
-            by its class path and its ``config`` attribute (its constructor arguments), so it needs one.
+            its arguments, optionally with a ``"_target_"``: a key of :data:`NETWORKS` (no other name is
+            imported) or an ``nn.Module`` class given in code (the input and output widths are filled in), or a
+            built module mapping ``(B, C_in, T)`` inputs and an optional ``(B, 1, T)`` mask to ``(B, 17, T)`` or
+            ``(S, B, 17, T)`` logits. A built module is saved by its :data:`NETWORKS` key (another class: its
+            class path, which no file may name when read) and its ``config`` attribute (its constructor
+            arguments), so it needs one.
         prob_floor: probabilities are clipped to ``[prob_floor, 1 - prob_floor]`` before the logit.
         position: add :data:`POSITION_CHANNELS` inputs telling each frame where it lies in the video (a capsule
             meets the sections in order, so position is evidence; it also tells a video's true start from any
@@ -464,7 +450,7 @@ class TemporalRefiner(nn.Module):
             "position": self.position,
             "passthrough": list(self.passthrough),
             "chunk_size": self.chunk_size,
-            "network": {"_target_": _class_path(self.network), **dict(net_config)},
+            "network": {"_target_": _network_name(self.network), **dict(net_config)},
             "labels": list(LABELS),
         }
 
@@ -508,9 +494,6 @@ class TemporalRefiner(nn.Module):
             if network is not None and not isinstance(network, dict):
                 raise ValueError(f"its network configuration is a {type(network).__name__}, not a mapping")
             network = dict(network or {})
-            if _NETWORK_NAMES.get(str(network.get("_target_"))) is LabelwiseTCN:
-                # files written before the look-ahead step states existed had none
-                network.setdefault("lookahead", 0)
             in_channels = input_channels(
                 config.get("inputs", "probs"), config.get("feature_dim", 0), config.get("position", False)
             )
@@ -546,11 +529,9 @@ def _first_line(e: BaseException) -> str:
 
 
 def _check_version(payload: dict, where: str) -> None:
-    version = payload.get("version", 0)
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise ValueError(f"{where}: its version {_short(version)} is not an integer")
-    if version > _FILE_VERSION:
-        raise ValueError(f"{where} has version {version}; this code reads {_FILE_VERSION}")
+    version = payload.get("version")
+    if isinstance(version, bool) or version != _FILE_VERSION:
+        raise ValueError(f"{where} has version {_short(version)}; this code reads {_FILE_VERSION}")
 
 
 #: The entries of a refiner configuration and the types each must have (checked before anything is built).
@@ -623,16 +604,10 @@ def _load_payload(path: Path, map_location: str | torch.device = "cpu") -> Any:
 class RefinerEnsemble(nn.Module):
     """The mean of several refiners' refined probabilities; by default the fold refiners of cross-fitting.
 
-    Cross-fitting (:func:`~monai_vce.temporal.cross_fit_refiner`) tunes the decoder on out-of-fold probabilities,
-    each from a refiner fitted on the other folds. Applying the mean of those same fold refiners to a new video
-    gives it probabilities of the kind the decoder was tuned on, with less variance than any one of them,
-    where a final refiner refitted on all videos gives outputs the decoder never saw (it is more confident, so
-    the tuned thresholds no longer sit where they should); and it needs no extra fit. Its price is inference:
-    one refinement per member (see BENCHMARKS.md, "Temporal refiner").
-
     It has the interface of :class:`TemporalRefiner` that the product uses (:meth:`refine`, ``inputs``,
     ``feature_dim``, ``passthrough``, ``trained_videos``, ``fit_info``, :meth:`save` / :meth:`load`), so it
-    goes wherever a refiner goes (``monai_vce.temporal.load_refiner`` reads either file).
+    goes wherever a refiner goes (``monai_vce.temporal.load_refiner`` reads either file). Why the fold ensemble:
+    ``docs/design/temporal.md``.
 
     Args:
         refiners: the members: :class:`TemporalRefiner` instances with the same ``inputs``, ``feature_dim`` and

@@ -1,23 +1,5 @@
-"""The bundle's temporal stage: fit the refiner and its decoder on the frame model's validation outputs.
-
-:func:`fit_temporal_stage` is what ``bundle/configs/temporal_train.json`` runs once the frame model is trained
-and its outputs on the validation videos are written (probabilities, and features when the refiner reads
-them). It follows the default protocol of :mod:`monai_vce.temporal.protocol`, **validation cross-fitting**:
-
-1. the validation videos' probability files and their ground truth are read; the leakage guard checks that
-   none of them was a training video of the frame model (``trained_on``);
-2. the refiner is cross-fitted over ``folds`` folds of these videos (:func:`cross_fit_refiner`): every video
-   gets refined probabilities from a refiner that was not fitted on it; for inference, the fold refiners are
-   kept together (:class:`RefinerEnsemble`, ``final="ensemble"``, the default) or one more refiner is fitted
-   on all of them (``final="refit"``);
-3. the decoder is tuned on those out-of-fold refined probabilities (never on a refiner's own training videos),
-   starting from their F1-optimal thresholds, as the frame decoder is tuned on the frame outputs;
-4. the temporal pipeline is compared with the frame pipeline by their decoders' tuning objectives
-   (:func:`select_pipeline`), and the verdict is logged and recorded;
-5. the refiner file and the decoder parameters are written atomically, with a summary JSON.
-
-Cost: ``folds`` refiner fits (``folds + 1`` with ``final="refit"``) and one decoder tuning; no extra frame-model
-training. Inference refines every video once per fold with the ensemble (once with a refit).
+"""The bundle's temporal stage: :func:`fit_temporal_stage` cross-fits the refiner on the frame model's validation
+outputs, tunes its decoder out of fold and writes both.
 """
 
 from __future__ import annotations
@@ -33,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from monai_vce.events.composition import events_to_frames
+from monai_vce.events.ground_truth import with_ground_truth
 from monai_vce.events.probabilities import (
     Video,
     load_video_probs,
@@ -108,23 +90,20 @@ def _ground_truth(ground_truth: PathLike | Mapping[str, Any]) -> dict[str, list[
 
 def _read_videos(
     probs_dir: Path, video_ids: Sequence[str], gt: Mapping[str, list], units: FrameUnits, features: bool
-) -> tuple[dict[str, tuple], dict[str, Video]]:
-    videos, arrays = {}, {}
+) -> dict[str, Video]:
+    videos = {}
     for vid in video_ids:
         path = probability_file(probs_dir, vid)
         if vid not in gt:
             raise ValueError(f"video {vid!r} ({path}): not in the ground truth of the validation videos")
         video = load_video_probs(path, features=features)
-        item: tuple = (video.probs, video.frame_ids(units), gt[vid])
-        if features:
-            if video.features is None:
-                raise ValueError(
-                    f"probability file {path} has no 'features' array, which the refiner's inputs need: write the "
-                    "validation outputs with write_features true"
-                )
-            item = (*item, video.features)
-        videos[vid], arrays[vid] = item, video
-    return videos, arrays
+        if features and video.features is None:
+            raise ValueError(
+                f"probability file {path} has no 'features' array, which the refiner's inputs need: write the "
+                "validation outputs with write_features true"
+            )
+        videos[vid] = with_ground_truth(video, gt[vid], units)
+    return videos
 
 
 def fit_temporal_stage(
@@ -146,7 +125,7 @@ def fit_temporal_stage(
     seed: int = 0,
     log: Callable[[str], Any] | None = None,
 ) -> dict[str, Any]:
-    """Fit the refiner by validation cross-fitting and tune its decoder (see the module docstring).
+    """Fit the refiner by validation cross-fitting and tune its decoder (see ``docs/design/temporal.md``).
 
     Args:
         probs_dir: folder of the frame model's ``<video_id>.npz`` files of the validation videos.
@@ -200,8 +179,8 @@ def fit_temporal_stage(
     if inputs not in INPUTS:
         raise ValueError(f"refiner inputs must be one of {INPUTS}, got {inputs!r}")
     needs_features = inputs != "probs"
-    data, arrays = _read_videos(probs_dir, ids, _ground_truth(ground_truth), units, needs_features)
-    feature_dim = int(next(iter(data.values()))[3].shape[1]) if needs_features else 0
+    data = arrays = _read_videos(probs_dir, ids, _ground_truth(ground_truth), units, needs_features)
+    feature_dim = int(next(iter(data.values())).features.shape[1]) if needs_features else 0  # type: ignore[union-attr]
     factory: Any = refiner
     if refiner is None:
         factory = functools.partial(TemporalRefiner, inputs="probs")
@@ -232,8 +211,8 @@ def fit_temporal_stage(
     tuning_videos = fit.tuning_videos(data)
     tune_kwargs = dict(decoder_tuning or {})
     if "base" not in tune_kwargs:
-        refined = np.concatenate([tuning_videos[v][0] for v in ids])
-        targets = np.concatenate([events_to_frames(tuning_videos[v][2], tuning_videos[v][1]) for v in ids])
+        refined = np.concatenate([tuning_videos[v].probs for v in ids])
+        targets = np.concatenate([tuning_videos[v].targets for v in ids])  # type: ignore[misc]
         thresholds = np.asarray(optimize_thresholds(refined, targets))
         tune_kwargs["base"] = DecoderParams.from_thresholds(dict(zip(LABELS, thresholds.tolist(), strict=True)))
     tune_kwargs.setdefault("frame_units", units)

@@ -1,15 +1,4 @@
-"""Fitting a temporal refiner on whole videos: random crops of consecutive frames, masked batches, AdamW.
-
-:func:`fit_refiner` takes per-video ``(probs, frame_ids, gt_events[, features])`` tuples (the convention of
-:func:`monai_vce.postprocessing.tune_decoder`), turns each video's ground-truth events into per-frame targets
-(:func:`monai_vce.postprocessing.events_to_frames`), and trains on random crops of ``crop_length`` consecutive
-frames (a video shorter than a crop is taken whole and padded; the network masks padded frames). Crops are
-drawn uniformly over the training frames, so every frame is equally likely to be seen. At inference the same
-network runs over whole videos (:meth:`TemporalRefiner.refine`): with a receptive field of a few thousand
-frames, crops of a few thousand frames already show it most of the context it uses.
-
-The inputs must be honest: see :mod:`monai_vce.temporal.protocol` for why and how (``trained_on``).
-"""
+"""Fitting a temporal refiner on whole videos: random crops of consecutive frames, masked batches, AdamW."""
 
 from __future__ import annotations
 
@@ -24,89 +13,63 @@ import torch
 from torch import nn
 
 from monai_vce.data.samplers import label_frequency_weights
-from monai_vce.events.composition import events_to_frames
+from monai_vce.events.probabilities import Video
 from monai_vce.labels import NUM_LABELS
 
 from .losses import TemporalRefinementLoss
 from .protocol import check_no_leakage
 from .refiner import TemporalRefiner
 
-__all__ = ["CROP_SAMPLING", "RefinerVideo", "CropSampler", "prepare_videos", "fit_refiner", "refiner_loss"]
+__all__ = ["CROP_SAMPLING", "CropSampler", "prepare_videos", "fit_refiner", "refiner_loss"]
 
 #: How training crops are placed (see :class:`CropSampler`).
 CROP_SAMPLING: tuple[str, ...] = ("labels", "frames")
 
 
-class RefinerVideo:
-    """One video prepared for fitting: inputs, per-frame targets and its id.
-
-    Attributes:
-        name: the video id.
-        probs: ``(T, 17)`` float32 probabilities or ``None``.
-        features: ``(T, D)`` features or ``None``.
-        target: ``(T, 17)`` float32 0/1 targets from the ground-truth events.
-    """
-
-    __slots__ = ("features", "name", "probs", "target")
-
-    def __init__(self, name: str, probs: np.ndarray | None, features: np.ndarray | None, target: np.ndarray) -> None:
-        self.name = name
-        self.probs = probs
-        self.features = features
-        self.target = target
-
-    def __len__(self) -> int:
-        return int(self.target.shape[0])
-
-
-def _items(videos: Sequence[Any] | Mapping[str, Any], what: str) -> list[tuple[str, Any]]:
-    items = [(str(k), v) for k, v in videos.items()] if isinstance(videos, Mapping) else list(enumerate(videos))
-    if not items:
+def _videos(videos: Sequence[Video] | Mapping[str, Video], what: str) -> list[Video]:
+    out = list(videos.values() if isinstance(videos, Mapping) else videos)
+    if not out:
         raise ValueError(f"{what}: no videos given")
-    return [(str(k), v) for k, v in items]
-
-
-def prepare_videos(
-    videos: Sequence[Any] | Mapping[str, Any], refiner: TemporalRefiner, what: str = "videos"
-) -> list[RefinerVideo]:
-    """Check per-video tuples and build their targets.
-
-    Args:
-        videos: ``(probs, frame_ids, gt_events)`` or ``(probs, frame_ids, gt_events, features)`` per video, as a
-            sequence or a mapping keyed by video id; ``gt_events`` in the units of ``frame_ids``.
-        refiner: the refiner whose inputs are needed.
-        what: how errors name the collection.
-
-    Raises:
-        ValueError: a malformed tuple or array (one line naming the video).
-    """
-    out = []
-    for name, item in _items(videos, what):
-        where = f"{what}: video {name!r}"
-        if not isinstance(item, (tuple, list)) or len(item) not in (3, 4):
-            raise ValueError(f"{where}: expected (probs, frame_ids, gt_events[, features]), got {type(item).__name__}")
-        probs, frame_ids, gt_events = item[0], item[1], item[2]
-        features = item[3] if len(item) == 4 else None
-        if refiner.inputs == "features" and probs is not None:
-            probs = np.asarray(probs)
-        probs_c, features_c = refiner.check_inputs(
-            probs if refiner.inputs != "features" else None, features, where=where
-        )
-        n = len(probs_c) if probs_c is not None else len(features_c)  # type: ignore[arg-type]
-        frame_ids = np.asarray(frame_ids)
-        if frame_ids.shape != (n,) or (n and not np.issubdtype(frame_ids.dtype, np.integer)):
-            raise ValueError(
-                f"{where}: expected {n} integer frame ids, got shape {frame_ids.shape} ({frame_ids.dtype})"
-            )
-        try:
-            target = events_to_frames(gt_events, frame_ids).astype(np.float32)
-        except ValueError as e:
-            raise ValueError(f"{where}: {e}") from None
-        out.append(RefinerVideo(name, probs_c, features_c, target))
+    bad = next((v for v in out if not isinstance(v, Video)), None)
+    if bad is not None:
+        raise ValueError(f"{what}: expected Video records, got {type(bad).__name__}")
     return out
 
 
-def _input_statistics(refiner: TemporalRefiner, videos: Sequence[RefinerVideo], block: int = 65536):
+def prepare_videos(
+    videos: Sequence[Video] | Mapping[str, Video], refiner: TemporalRefiner, what: str = "videos"
+) -> list[Video]:
+    """Check the videos' inputs and targets for ``refiner``.
+
+    Args:
+        videos: :class:`~monai_vce.events.Video` records with ``targets`` (e.g. from their ground-truth events,
+            :func:`~monai_vce.events.with_ground_truth`), and ``features`` when the refiner reads them.
+        refiner: the refiner whose inputs are needed.
+        what: how errors name the collection.
+
+    Returns:
+        The videos with checked inputs and float32 targets.
+
+    Raises:
+        ValueError: a video without targets, or a malformed array (one line naming the video).
+    """
+    out = []
+    for video in _videos(videos, what):
+        where = f"{what}: video {str(video.video_id)!r}"
+        probs, features = refiner.check_inputs(
+            video.probs if refiner.inputs != "features" else None, video.features, where=where
+        )
+        n = len(probs) if probs is not None else len(features)  # type: ignore[arg-type]
+        if video.targets is None:
+            raise ValueError(f"{where}: no targets to fit on; attach its ground truth (with_ground_truth)")
+        targets = np.asarray(video.targets, dtype=np.float32)
+        if targets.shape != (n, NUM_LABELS):
+            raise ValueError(f"{where}: expected targets of shape ({n}, {NUM_LABELS}), got {targets.shape}")
+        out.append(video.replace(probs=video.probs if probs is None else probs, features=features, targets=targets))
+    return out
+
+
+def _input_statistics(refiner: TemporalRefiner, videos: Sequence[Video], block: int = 65536):
     """Per-channel mean and standard deviation of the raw inputs over all frames (float64 sums, in blocks)."""
     total = np.zeros(refiner.in_channels)
     total_sq = np.zeros(refiner.in_channels)
@@ -127,14 +90,14 @@ def _input_statistics(refiner: TemporalRefiner, videos: Sequence[RefinerVideo], 
     return mean, std
 
 
-def _crop(refiner: TemporalRefiner, v: RefinerVideo, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+def _crop(refiner: TemporalRefiner, v: Video, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
     x = refiner.raw_inputs(
         None if v.probs is None else v.probs[start:stop],
         None if v.features is None else v.features[start:stop],
         offset=start,
         total=len(v),
     )
-    return x, v.target[start:stop].T
+    return x, v.targets[start:stop].T  # type: ignore[index]
 
 
 class CropSampler:
@@ -152,11 +115,11 @@ class CropSampler:
         exponent: the weights' exponent (``"labels"`` only).
     """
 
-    def __init__(self, videos: Sequence[RefinerVideo], mode: str = "labels", exponent: float = 0.5) -> None:
+    def __init__(self, videos: Sequence[Video], mode: str = "labels", exponent: float = 0.5) -> None:
         if mode not in CROP_SAMPLING:
             raise ValueError(f"crop_sampling must be one of {CROP_SAMPLING}, got {mode!r}")
         if mode == "labels":
-            weights, _, _ = label_frequency_weights(np.concatenate([v.target for v in videos]) >= 0.5, exponent)
+            weights, _, _ = label_frequency_weights(np.concatenate([v.targets for v in videos]) >= 0.5, exponent)  # type: ignore[misc]
         else:
             weights = np.ones(sum(len(v) for v in videos))
         self.cumulative = np.cumsum(weights)
@@ -172,7 +135,7 @@ class CropSampler:
 
 def _batch(
     refiner: TemporalRefiner,
-    picks: Sequence[tuple[RefinerVideo, int]],
+    picks: Sequence[tuple[Video, int]],
     length: int,
     context: int,
     device: torch.device,
@@ -200,9 +163,7 @@ def _batch(
     return tuple(torch.from_numpy(a).to(device) for a in (x, y, real, scored))  # type: ignore[return-value]
 
 
-def refiner_loss(
-    refiner: TemporalRefiner, loss_fn: nn.Module, videos: Sequence[RefinerVideo], chunk: int = 131072
-) -> float:
+def refiner_loss(refiner: TemporalRefiner, loss_fn: nn.Module, videos: Sequence[Video], chunk: int = 131072) -> float:
     """Mean loss of whole videos (each in one pass when it fits ``chunk`` frames, else split), without gradient."""
     device = refiner.input_mean.device
     was_training = refiner.training
@@ -223,7 +184,7 @@ def refiner_loss(
 
 
 def fit_refiner(
-    videos: Sequence[Any] | Mapping[str, Any],
+    videos: Sequence[Video] | Mapping[str, Video],
     inputs: str = "probs",
     *,
     refiner: TemporalRefiner | None = None,
@@ -244,7 +205,7 @@ def fit_refiner(
     boundary_weight: float = 8.0,
     boundary_radius: int = 1,
     class_weight: Sequence[float] | None = None,
-    val_videos: Sequence[Any] | Mapping[str, Any] | None = None,
+    val_videos: Sequence[Video] | Mapping[str, Video] | None = None,
     val_every: int = 50,
     trained_on: Mapping[str, Collection[str]] | Collection[str] | None = None,
     seed: int = 0,
@@ -252,13 +213,12 @@ def fit_refiner(
     num_threads: int | None = None,
     log: Callable[[str], Any] | None = None,
 ) -> TemporalRefiner:
-    """Fit a temporal refiner on whole videos (see the module docstring).
+    """Fit a temporal refiner on whole videos (see ``docs/design/temporal.md``).
 
     Args:
-        videos: training videos: ``(probs (T, 17) float32, frame_ids (T,) int, gt_events)`` or
-            ``(probs, frame_ids, gt_events, features (T, D))`` tuples, as a sequence or a mapping keyed by video
-            id (ids are recorded in the refiner and checked by the leakage guard); ``gt_events`` is the video's
-            ground-truth event list in the units of ``frame_ids``.
+        videos: training :class:`~monai_vce.events.Video` records with ``targets`` (and ``features`` for
+            feature inputs), as a sequence or a mapping; their ids are recorded in the refiner and checked by the
+            leakage guard.
         inputs: ``"probs"``, ``"features"`` or ``"both"`` (ignored when ``refiner`` is given).
         refiner: an untrained :class:`TemporalRefiner` to fit (e.g. built from a bundle's ``_target_``); by
             default one is built from ``inputs``, the features' width and ``network``.
@@ -292,7 +252,7 @@ def fit_refiner(
             :class:`~monai_vce.temporal.losses.TemporalRefinementLoss`; 0 turns it off).
         boundary_radius: frames on each side of a change that count as near it.
         class_weight: per-label weights of the classification loss, as for the frame model.
-        val_videos: optional videos (same tuples) scored every ``val_every`` steps; the weights with the lowest
+        val_videos: optional videos (the same records) scored every ``val_every`` steps; the weights with the lowest
             validation loss are kept (otherwise the last ones).
         val_every: steps between validations.
         trained_on: provenance of the inputs for the leakage guard: the training videos of the frame model that
@@ -315,24 +275,21 @@ def fit_refiner(
         if int(value) < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     t0 = time.perf_counter()
-    items = _items(videos, "videos")
+    items = _videos(videos, "videos")
     if trained_on is not None:
-        check_no_leakage([k for k, _ in items], trained_on, what="frame model")
+        check_no_leakage([str(v.video_id) for v in items], trained_on, what="frame model")
     if refiner is None:
         feature_dim = 0
         if inputs != "probs":
-            first = items[0][1]
-            if not isinstance(first, (tuple, list)) or len(first) != 4 or first[3] is None:
-                raise ValueError(
-                    f"videos: video {items[0][0]!r}: inputs={inputs!r} needs (probs, frame_ids, gt_events, features)"
-                )
-            feature_dim = int(np.shape(first[3])[-1])
+            if items[0].features is None:
+                raise ValueError(f"videos: video {str(items[0].video_id)!r}: inputs={inputs!r} needs features")
+            feature_dim = int(np.shape(items[0].features)[-1])
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             refiner = TemporalRefiner(
                 inputs=inputs, feature_dim=feature_dim, network=network, position=position, passthrough=passthrough
             )
-    train = prepare_videos(dict(items), refiner, "videos")
+    train = prepare_videos(items, refiner, "videos")
     val = prepare_videos(val_videos, refiner, "val_videos") if val_videos is not None else []
     dev = torch.device(device)
     old_threads = torch.get_num_threads()
@@ -359,9 +316,9 @@ def fit_refiner(
         torch.set_num_threads(old_threads)
     refiner.eval()
     refiner.fit_info = {
-        "videos": [v.name for v in train],
+        "videos": [str(v.video_id) for v in train],
         "frames": int(sum(len(v) for v in train)),
-        "val_videos": [v.name for v in val],
+        "val_videos": [str(v.video_id) for v in val],
         "inputs": refiner.inputs,
         "crop_length": int(crop_length),
         "crop_context": context,
@@ -383,8 +340,8 @@ def fit_refiner(
 def _train(
     refiner: TemporalRefiner,
     loss_fn: nn.Module,
-    train: Sequence[RefinerVideo],
-    val: Sequence[RefinerVideo],
+    train: Sequence[Video],
+    val: Sequence[Video],
     crop_length: int,
     crop_context: int,
     crop_sampling: str,
