@@ -39,6 +39,24 @@ def config_list(*files: str) -> str:
     return "[" + ",".join(f"'{f}'" for f in files) + "]"
 
 
+#: The tiny offline backbone at 64 px on the CPU, for configs resolved in-process.
+TINY_NETWORK = {"backbone": "vce-tiny-vit-64", "pretrained": False, "image_size": 64, "device": "$torch.device('cpu')"}
+
+
+def tiny_config_parser(files: list[str], data_dir: Path, tmp_path: Path, **override: Any) -> Any:
+    """A ``monai.bundle.ConfigParser`` over ``files`` with the tiny network, ``data_dir`` as the dataset, models
+    under ``tmp_path`` and no workers; ``override`` sets further ids."""
+    from monai.bundle import ConfigParser
+
+    parser = ConfigParser()
+    parser.read_config(files)
+    values = {**TINY_NETWORK, "dataset_dir": str(data_dir), "ckpt_dir": str(tmp_path / "models"), "num_workers": 0}
+    values.update(override)
+    for k, v in values.items():
+        parser[k] = v
+    return parser
+
+
 def tiny_overrides(data_dir: Path, out_dir: Path, **extra: Any) -> list[str]:
     """Command-line overrides for a fast run on ``data_dir`` writing under ``out_dir``."""
     values: dict[str, Any] = {

@@ -8,7 +8,16 @@ import warnings
 
 import pytest
 import torch
-from bundle_helpers import CONFIGS, DEMO, INFERENCE, TRAIN, config_list, run_in_process, tiny_overrides
+from bundle_helpers import (
+    CONFIGS,
+    DEMO,
+    INFERENCE,
+    TRAIN,
+    config_list,
+    run_in_process,
+    tiny_config_parser,
+    tiny_overrides,
+)
 from ignite.engine import Events
 
 from monai_vce.engines.trainer import VCETrainer, check_contrastive_path
@@ -18,7 +27,6 @@ from monai_vce.networks.backbone import BIOMEDCLIP_CONFIG, TINY_CONFIG
 from monai_vce.networks.text_embeddings import save_text_embeddings
 
 PAPER = str(CONFIGS / "paper.json")
-TINY = {"backbone": TINY_MODEL_NAME, "pretrained": False, "image_size": 64, "device": "$torch.device('cpu')"}
 
 
 @pytest.fixture
@@ -131,18 +139,6 @@ def test_deferred_network_stops_before_the_first_iteration(tmp_path, offline, be
     assert started == []
 
 
-def _parser(files, mini_galar, tmp_path, **override):
-    from monai.bundle import ConfigParser
-
-    parser = ConfigParser()
-    parser.read_config(files)
-    values = {**TINY, "dataset_dir": str(mini_galar), "ckpt_dir": str(tmp_path / "models"), "num_workers": 0}
-    values.update(override)
-    for k, v in values.items():
-        parser[k] = v
-    return parser
-
-
 def test_paper_preset_without_embeddings_stops_before_training(mini_galar, tmp_path):
     """``python -m monai.bundle run training`` with the paper preset and no embeddings: one error line, no iteration."""
     args = ["run", "training", "--config_file", config_list(TRAIN, DEMO, PAPER)]
@@ -159,7 +155,7 @@ def test_paper_preset_without_embeddings_stops_before_training(mini_galar, tmp_p
 
 def test_inference_needs_no_embeddings(mini_galar, tmp_path):
     """Inference builds no contrastive path: no embeddings file, no warning about it, the network runs."""
-    parser = _parser([INFERENCE, PAPER], mini_galar, tmp_path)
+    parser = tiny_config_parser([INFERENCE, PAPER], mini_galar, tmp_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         net = parser.get_parsed_content("network_def")

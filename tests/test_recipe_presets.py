@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from bundle_helpers import CONFIGS, INFERENCE, TRAIN
+from bundle_helpers import CONFIGS, INFERENCE, TRAIN, tiny_config_parser
 
 from monai_vce.losses import AsymmetricFocalLoss, BinaryCrossEntropyLoss, class_positive_weights
 from monai_vce.networks import DifferentialAttention, save_tiny_local_dir
 
 PAPER = str(CONFIGS / "paper.json")
-TINY = {"backbone": "vce-tiny-vit-64", "pretrained": False, "image_size": 64, "device": "$torch.device('cpu')"}
 
 
 @pytest.fixture(scope="module")
@@ -24,20 +23,8 @@ def text_tower(tmp_path_factory) -> str:
     return f"local-dir:{save_tiny_local_dir(tmp_path_factory.mktemp('tiny_text') / 'clip', seed=0)}"
 
 
-def _parser(files, mini_galar, tmp_path, **override):
-    from monai.bundle import ConfigParser
-
-    parser = ConfigParser()
-    parser.read_config(files)
-    values = {**TINY, "dataset_dir": str(mini_galar), "ckpt_dir": str(tmp_path / "models"), "num_workers": 0}
-    values.update(override)
-    for k, v in values.items():
-        parser[k] = v
-    return parser
-
-
 def test_paper_preset_is_the_papers_recipe(mini_galar, tmp_path, text_tower):
-    parser = _parser([TRAIN, PAPER], mini_galar, tmp_path, text_model=text_tower)
+    parser = tiny_config_parser([TRAIN, PAPER], mini_galar, tmp_path, text_model=text_tower)
     preset = json.loads(Path(PAPER).read_text())
     assert preset["seed"] == 42 and preset["batch_size"] == 128 and preset["max_epochs"] == 5
     # mixup and the EMA are the paper's in train.json already
@@ -77,7 +64,9 @@ def test_paper_preset_is_the_papers_recipe(mini_galar, tmp_path, text_tower):
 def test_one_cycle_per_group_max_lr_from_the_config(mini_galar, tmp_path):
     """AdamW (0.9, 0.999), weight decay 5e-4, OneCycle with max lr 9e-5 for the backbone and 3e-4 for the heads."""
     # 20 iterations per epoch, so that the warm-up (30 % of 5 epochs) ends on a whole step
-    parser = _parser([TRAIN, PAPER], mini_galar, tmp_path, contrastive_weight=0.0, samples_per_epoch=160, batch_size=8)
+    parser = tiny_config_parser(
+        [TRAIN, PAPER], mini_galar, tmp_path, contrastive_weight=0.0, samples_per_epoch=160, batch_size=8
+    )
     optimizer = parser.get_parsed_content("train#optimizer")
     scheduler = parser.get_parsed_content("train#lr_scheduler")
     epoch_length = parser.get_parsed_content("epoch_length")  # the loader's length is known only when training runs
@@ -113,7 +102,7 @@ def test_train_json_defaults_are_the_project_recipe():
 
 
 def test_project_recipe(mini_galar, tmp_path):
-    parser = _parser([TRAIN], mini_galar, tmp_path)
+    parser = tiny_config_parser([TRAIN], mini_galar, tmp_path)
     net = parser.get_parsed_content("network_def")
     blocks = net.visual.trunk.blocks
     assert all(b.attn.variant == "diff_transformer" and b.attn.use_sub_norm for b in blocks)
@@ -134,8 +123,10 @@ def test_project_recipe(mini_galar, tmp_path):
 def test_presets_merge_over_inference_json(preset, mini_galar, tmp_path):
     """The inference network built with a preset has the training network's architecture (same state dict)."""
     extra = [preset] if preset else []
-    train_net = _parser([TRAIN, *extra], mini_galar, tmp_path, contrastive_weight=0.0).get_parsed_content("network_def")
-    infer_net = _parser([INFERENCE, *extra], mini_galar, tmp_path).get_parsed_content("network_def")
+    train_net = tiny_config_parser([TRAIN, *extra], mini_galar, tmp_path, contrastive_weight=0.0).get_parsed_content(
+        "network_def"
+    )
+    infer_net = tiny_config_parser([INFERENCE, *extra], mini_galar, tmp_path).get_parsed_content("network_def")
     shapes = {k: tuple(v.shape) for k, v in train_net.state_dict().items()}
     assert shapes == {k: tuple(v.shape) for k, v in infer_net.state_dict().items()}
     assert train_net.attention_variant == infer_net.attention_variant

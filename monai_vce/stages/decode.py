@@ -127,7 +127,8 @@ def decode(
         events[vid] = list(decoder(video.probs, frame_ids, video_id=vid)) if len(video) else []
         if len(video):
             frames[vid] = {"frames": len(video), "first": int(frame_ids[0]), "last": int(frame_ids[-1])}
-    path = save_events(events_file, event_json(events, challenge_format=False), frame_units=units, videos=frames)
+    path = write_events(events, events_file, frame_units=units, videos=frames)
+    assert path is not None  # the main process, checked above
     n_events = sum(len(v) for v in events.values())
     (log or logger.info)(f"wrote {n_events} events of {len(events)} videos: {describe_events_file(path, units)}")
     return path
