@@ -62,7 +62,8 @@ def test_paper_preset_is_the_papers_recipe(mini_galar, tmp_path, text_tower):
 
 
 def test_one_cycle_per_group_max_lr_from_the_config(mini_galar, tmp_path):
-    """AdamW (0.9, 0.999), weight decay 5e-4, OneCycle with max lr 9e-5 for the backbone and 3e-4 for the heads."""
+    """AdamW (0.9, 0.999), weight decay 5e-4, OneCycle with max lr 9e-5 for the backbone and 3e-4 for the heads,
+    ending at the paper's 9e-8 for the heads."""
     # 20 iterations per epoch, so that the warm-up (30 % of 5 epochs) ends on a whole step
     parser = tiny_config_parser(
         [TRAIN, PAPER], mini_galar, tmp_path, contrastive_weight=0.0, samples_per_epoch=160, batch_size=8
@@ -85,6 +86,10 @@ def test_one_cycle_per_group_max_lr_from_the_config(mini_galar, tmp_path):
         optimizer.step()
         scheduler.step()
     assert backbone["lr"] == pytest.approx(9e-5) and head["lr"] == pytest.approx(3e-4)
+    for _ in range(70):  # the last step: the paper's "decayed from 3e-4 to 9e-8"
+        optimizer.step()
+        scheduler.step()
+    assert head["lr"] == pytest.approx(9e-8) and backbone["lr"] == pytest.approx(0.3 * 9e-8)
 
 
 def test_train_json_defaults_are_the_project_recipe():
