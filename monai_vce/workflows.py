@@ -83,6 +83,7 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     "bad_frames": ("str", {"choices": ("error", "skip")}),
     "max_epochs": ("int", {"minimum": 1, "maximum": 1 << 20}),
     "samples_per_epoch": ("int", {"minimum": 1, "maximum": 1 << 40}),
+    "train_frame_stride": ("int", {"minimum": 1, "maximum": 1 << 20}),
     "val_interval": ("int", {"minimum": 1, "maximum": 1 << 20}),
     "learning_rate": ("number", {"minimum": 0, "maximum": math.inf}),
     "seed": ("int", {"minimum": 0, "maximum": 2**32 - 1}),

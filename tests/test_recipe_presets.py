@@ -11,6 +11,7 @@ import pytest
 import torch
 from bundle_helpers import CONFIGS, INFERENCE, TRAIN, tiny_config_parser
 
+from monai_vce.data import subsample_frames
 from monai_vce.losses import AsymmetricFocalLoss, BinaryCrossEntropyLoss, class_positive_weights
 from monai_vce.networks import DifferentialAttention, save_tiny_local_dir
 
@@ -40,7 +41,10 @@ def test_paper_preset_is_the_papers_recipe(mini_galar, tmp_path, text_tower):
     assert isinstance(head.norm, torch.nn.BatchNorm1d) and head.dropout.p == 0.4
     assert net.contrastive_head is not None and net.contrastive_head.max_logit_scale == 100.0
     # loss: ASL (gamma+ 1, gamma- 4) + 0.4 x BCE, both with the positive weights of the training datalist
-    train_data = parser.get_parsed_content("split")[0]
+    # the training datalist is every 5th frame of each training video (the authors' epoch)
+    split_train = parser.get_parsed_content("split")[0]
+    train_data = parser.get_parsed_content("train_datalist")
+    assert list(train_data) == subsample_frames(split_train, 5) and 0 < len(train_data) < len(split_train)
     expected_pw = class_positive_weights(train_data, min_weight=1.0, max_weight=100.0)
     loss = parser.get_parsed_content("train#loss")
     con = parser.get_parsed_content("train#contrastive_loss")

@@ -177,3 +177,27 @@ def test_split_real_galar_label_presence(galar_events_path):
     vals = [vids(kfold_videos(dl, n_folds=5, fold=f, seed=0)[1]) for f in range(5)]
     for c in range(17):
         assert sum(any(presence[ids.index(v), c] for v in fold) for fold in vals) == 5, LABELS[c]
+
+
+def test_subsample_frames_keeps_every_nth_frame_file_of_each_video():
+    """The authors' epoch: ``frame_files[::5]`` of each video in frame-number order, whatever the datalist order."""
+    from monai_vce.data import subsample_frames
+
+    data = [{"video_id": "v2", "frame_number": n} for n in (9, 0, 3, 6, 1, 2, 4, 5, 7, 8)]
+    data += [{"video_id": "v1", "frame_index": n} for n in range(7)]
+    kept = subsample_frames(data, stride=3)
+    assert [(d["video_id"], d.get("frame_number", d.get("frame_index"))) for d in kept] == [
+        ("v2", 9),
+        ("v2", 0),
+        ("v2", 3),
+        ("v2", 6),
+        ("v1", 0),
+        ("v1", 3),
+        ("v1", 6),
+    ]
+    assert all(a is b for a, b in zip(subsample_frames(data, 1), data, strict=True))
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="frame stride"):
+            subsample_frames(data, bad)
+    with pytest.raises(ValueError, match="video v3: a frame has neither"):
+        subsample_frames([{"video_id": "v3"}], 2)

@@ -24,6 +24,7 @@ __all__ = [
     "split_videos",
     "kfold_videos",
     "lazy_split_videos",
+    "subsample_frames",
 ]
 
 
@@ -241,6 +242,37 @@ def split_videos(
     group = repair_video_groups(presence, group, seed=seed)
     val_ids = {ids[i] for i in np.flatnonzero(group == 1)}
     return _subset(datalist, set(ids) - val_ids), _subset(datalist, val_ids)
+
+
+def subsample_frames(datalist: Sequence[Mapping[str, Any]], stride: int = 1) -> list[Mapping[str, Any]]:
+    """Every ``stride``-th frame of each video: its 1st, ``stride + 1``-th, ... frame in frame order.
+
+    The training datalist of a preset whose epoch is a pass over every n-th frame file (the authors' code:
+    ``frame_files[::5]`` per video, sorted by frame number). Frames are ordered by ``frame_number`` (else
+    ``frame_index``) within each video; the result keeps the datalist's item order.
+
+    Args:
+        datalist: frame dicts with ``video_id`` and ``frame_number`` or ``frame_index``.
+        stride: keep one frame in ``stride``; 1 keeps the datalist as it is.
+
+    Returns:
+        The kept items (the same dicts).
+    """
+    if isinstance(stride, bool) or not isinstance(stride, (int, np.integer)) or stride < 1:
+        raise ValueError(f"the frame stride must be a positive integer, got {stride!r}")
+    if stride == 1:
+        return list(datalist)
+    keep = np.zeros(len(datalist), dtype=bool)
+    for rows in video_rows(datalist).values():
+        key = "frame_number" if all("frame_number" in datalist[i] for i in rows) else "frame_index"
+        try:
+            numbers = np.asarray([int(datalist[i][key]) for i in rows], dtype=np.int64)
+        except KeyError:
+            raise ValueError(
+                f"video {datalist[int(rows[0])]['video_id']}: a frame has neither 'frame_number' nor 'frame_index'"
+            ) from None
+        keep[rows[np.argsort(numbers, kind="stable")[::stride]]] = True
+    return [d for d, k in zip(datalist, keep, strict=True) if k]
 
 
 def lazy_split_videos(datalist: Sequence[dict], **kwargs: Any) -> tuple[LazySequence, LazySequence]:
