@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from bundle_helpers import CONFIGS, INFERENCE, TRAIN, tiny_config_parser
@@ -14,6 +15,7 @@ from bundle_helpers import CONFIGS, INFERENCE, TRAIN, tiny_config_parser
 from monai_vce.data import subsample_frames
 from monai_vce.losses import AsymmetricFocalLoss, BinaryCrossEntropyLoss, class_positive_weights
 from monai_vce.networks import DifferentialAttention, save_tiny_local_dir
+from monai_vce.postprocessing import DecoderParams
 
 PAPER = str(CONFIGS / "paper.json")
 
@@ -171,3 +173,30 @@ def test_resumable_one_cycle_follows_the_configured_length():
     _, plain = make(22, torch.optim.lr_scheduler.OneCycleLR)
     plain.load_state_dict(first.state_dict())
     assert plain.total_steps == 11  # what torch's own scheduler would do: the old length comes back
+
+
+def test_paper_preset_training_writes_the_papers_decoding_chain(mini_galar, tmp_path, text_tower):
+    """The paper's post-processing with the F1 thresholds of validation: ``decoder.json`` of a paper-preset run."""
+    parser = tiny_config_parser(
+        [TRAIN, PAPER],
+        mini_galar,
+        tmp_path,
+        text_model=text_tower,
+        max_epochs=1,
+        samples_per_epoch=16,
+        batch_size=8,
+        val_interval=1,
+        val_fraction=0.5,
+        progress=False,
+    )
+    for key in ("initialize", "training", "finalize"):
+        parser.get_parsed_content(key)
+    params = DecoderParams.load(tmp_path / "models" / "decoder.json")
+    f1_thresholds = parser.get_parsed_content("validate#threshold_optimizer").thresholds()
+    np.testing.assert_allclose(params.per_label("threshold"), f1_thresholds)
+    assert not np.allclose(f1_thresholds, 0.5)  # fitted, not the chain's default
+    assert list(params["order"]) == ["threshold", "median", "fill_gaps", "min_length"]
+    for key, value in {"median_window": 7, "max_gap": 5, "min_length": 3}.items():
+        assert params.per_label(key).tolist() == [value] * len(f1_thresholds)
+    assert params["ranking"] == "none" and not params["anatomy"]["enabled"]
+    assert params["fit"]["profile"] == "paper"

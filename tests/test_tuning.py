@@ -137,3 +137,69 @@ def test_tune_decoder_errors():
         )
     with pytest.raises(ValueError, match="video '0': no ground-truth events"):
         tune_decoder([Video("0", np.full((10, NUM_LABELS), 0.5), np.arange(10), np.arange(10))])
+
+
+def _authors_chain(probs, thresholds, smooth_w=7, min_len=3, merge_gap=5):
+    """The authors' ``process_predictions`` transcribed loop by loop: the reference of the ``authors`` profile."""
+    from scipy.ndimage import median_filter
+
+    bp = (probs >= thresholds).astype(int)
+    for c in range(bp.shape[1]):
+        bp[:, c] = (median_filter(bp[:, c].astype(float), size=smooth_w) > 0.5).astype(int)
+    for c in range(bp.shape[1]):
+        in_ev, st = False, 0
+        for i in range(len(bp)):
+            if bp[i, c] == 1 and not in_ev:
+                in_ev, st = True, i
+            elif bp[i, c] == 0 and in_ev:
+                in_ev = False
+                if i - st < min_len:
+                    bp[st:i, c] = 0
+        if in_ev and len(bp) - st < min_len:
+            bp[st:, c] = 0
+    for c in range(bp.shape[1]):
+        in_ev, last_end = False, 0
+        for i in range(len(bp)):
+            if bp[i, c] == 1:
+                if not in_ev and i - last_end <= merge_gap and last_end > 0:
+                    bp[last_end:i, c] = 1
+                in_ev = True
+            elif in_ev:
+                last_end, in_ev = i, False
+    events, cur, start = [], None, 0
+    for i in range(len(bp) + 1):
+        s = tuple(sorted(LABELS[c] for c in np.flatnonzero(bp[i]))) if i < len(bp) else None
+        if s != cur:
+            if cur:  # the authors also write the label-free runs, which score nothing
+                events.append((start, i - 1, cur))
+            cur, start = s, i
+    return events
+
+
+@pytest.mark.parametrize("profile", ["paper", "authors"])
+def test_fixed_profiles_keep_the_thresholds_and_decode_the_chain(profile):
+    rng = np.random.default_rng(1)
+    T = 600
+    # runs of random lengths with flicker; the first and last frames empty (the authors' median reflects there)
+    probs = np.where(rng.random((T // 6, NUM_LABELS)) < 0.3, 0.8, 0.1).repeat(6, axis=0)
+    probs = np.clip(probs + rng.normal(0, 0.25, probs.shape), 0, 1)
+    probs[:4] = probs[-4:] = 0.0
+    thresholds = {name: float(t) for name, t in zip(LABELS, rng.uniform(0.3, 0.7, NUM_LABELS), strict=True)}
+    rows = np.arange(T)
+    video = Video("v", probs, rows, rows, events=[{"start": 10, "end": 40, "label": ["ulcer"]}])
+    params = tune_decoder([video], base=DecoderParams.from_thresholds(thresholds), profile=profile)
+    assert dict(zip(LABELS, params.per_label("threshold").tolist(), strict=True)) == pytest.approx(thresholds)
+    for key, value in {"median_window": 7, "max_gap": 5, "min_length": 3}.items():
+        assert params.per_label(key).tolist() == [value] * NUM_LABELS
+    assert params["ranking"] == "none" and not params["anatomy"]["enabled"]
+    assert params["fit"]["profile"] == profile and 0.0 <= params["fit"]["mAP@0.5"] <= 1.0
+    assert [p["feature"] for p in params.presence_rules()] == ["none"] * NUM_LABELS
+    events = EventDecoder(params)(probs, rows)
+    got = [(e["start"], e["end"], tuple(sorted(e["label"]))) for e in events]
+    if profile == "authors":
+        assert got == _authors_chain(probs, np.array(list(thresholds.values())))
+    else:
+        assert list(params["order"]) == ["threshold", "median", "fill_gaps", "min_length"]
+        assert got == sorted(got)  # time order
+    with pytest.raises(ValueError, match="unknown decoder profile"):
+        tune_decoder([video], profile="leaderboard")

@@ -19,7 +19,7 @@ from ..events.units import FrameUnits, as_frame_units
 from ..labels import LABELS, NUM_LABELS, SECTIONS
 from ..metrics.temporal_map import average_precision, temporal_map
 from .anatomy import DEFAULT_ANATOMY_GRID
-from .chain import CHAIN_STEPS
+from .chain import CHAIN_STEPS, PAPER_ORDER
 from .core import SECTION_COLUMNS, column_sections, decode_columns, section_mask, section_sequence
 from .decoder import DecoderParams, EventDecoder, check_probabilities
 from .gating import (
@@ -35,6 +35,7 @@ from .steps import Param
 __all__ = [
     "DEFAULT_GRIDS",
     "DEFAULT_ANATOMY_GRID",
+    "DECODER_PROFILES",
     "default_grids",
     "tune_decoder",
     "cross_fitted_events",
@@ -55,6 +56,15 @@ def _params() -> dict[str, Param]:
 DEFAULT_GRIDS: dict[str, tuple] = default_grids()
 
 _SECTION_SET = set(SECTIONS)
+
+#: The fixed chain orders of :func:`tune_decoder`'s ``profile``s that fit nothing but the thresholds of ``base``
+#: (``"challenge"`` tunes everything): the paper's text, and the authors' code (runs shorter than 3 frames dropped
+#: before gaps of up to 5 frames are filled).
+DECODER_PROFILES: dict[str, tuple[str, ...] | None] = {
+    "challenge": None,
+    "paper": PAPER_ORDER,
+    "authors": ("threshold", "median", "min_length", "fill_gaps"),
+}
 
 Log = Callable[..., Any]
 
@@ -322,6 +332,7 @@ def tune_decoder(
     presence_cv_margin: float = 0.0,
     presence_cv_z: float = 1.0,
     seed: int = 0,
+    profile: str = "challenge",
     verbose: bool = False,
 ) -> DecoderParams:
     """Fit the decoder's parameters on validation videos by maximising temporal mAP (see ``docs/design/decoding.md``).
@@ -330,6 +341,8 @@ def tune_decoder(
         videos: the validation videos (:class:`~monai_vce.events.Video` with ground-truth ``events`` in
             ``frame_units``), or a mapping of them.
         base: starting parameters (order, anatomy settings, ...); the paper's chain when ``None``.
+            With ``profile`` ``"paper"`` or ``"authors"`` only its per-label thresholds are kept (e.g. the F1
+            thresholds of :meth:`DecoderParams.from_thresholds`).
         composition: ``"label_set"`` or ``"per_label"`` event composition, fixed during tuning.
         anatomy: turn anatomy decoding on (sections by Viterbi, landmarks near boundaries).
         frame_units: the frame ids of the videos' events (``"frame_index"`` or ``"frame_number"``), recorded
@@ -356,17 +369,38 @@ def tune_decoder(
         presence_cv_z: how many standard errors the out-of-fold gain must exceed (a gain measured on a few
             videos, driven by one or two of them, is not trusted).
         seed: seed of the fold assignment.
+        profile: ``"challenge"``: tune as above; ``"paper"``: the paper's chain (``base``'s thresholds, median 7,
+            gaps <= 5 filled, runs < 3 frames dropped, label-set runs in time order, no anatomy decoding or
+            gating), nothing tuned; ``"authors"``: the same steps in the authors' code's order
+            (:data:`DECODER_PROFILES`). Both only score the chain on ``videos``; the tuning arguments are unused.
         verbose: print progress.
 
     Returns:
-        The fitted :class:`DecoderParams`, with ``fit`` recording the composed validation mAP.
+        The fitted :class:`DecoderParams`, with ``fit`` recording the profile and the composed validation mAP.
     """
     log: Log = print if verbose else (lambda *_: None)
     t0 = time.perf_counter()
+    if profile not in DECODER_PROFILES:
+        raise ValueError(f"profile: unknown decoder profile {profile!r}; expected one of {list(DECODER_PROFILES)}")
     units = as_frame_units(frame_units)
     vids = [_Video(v, units) for v in (videos.values() if isinstance(videos, Mapping) else videos)]
     if not vids:
         raise ValueError("tune_decoder needs at least one validation video")
+    ths = tuple(float(t) for t in tiou_thresholds)
+    weights_arr = np.ones(len(ths)) if weights is None else np.asarray(weights, dtype=np.float64)
+    order = DECODER_PROFILES[profile]
+    if order is not None:
+        start = DecoderParams(base) if not isinstance(base, DecoderParams) else base
+        chain = DecoderParams.from_thresholds(
+            {name: float(t) for name, t in zip(LABELS, start.per_label("threshold"), strict=True)},
+            order=list(order),
+            composition=composition,
+            ranking="none",
+            frame_units=units.value,
+        )
+        objective, scores = _composed_score(vids, chain, ths, weights_arr)
+        fit = {"profile": profile, "videos": len(vids), "objective": objective, **scores}
+        return chain.replace(fit={**fit, "seconds": round(time.perf_counter() - t0, 1)})
     data = DecoderParams(base).to_dict() if not isinstance(base, DecoderParams) else base.to_dict()
     data.pop("fit", None)
     data["composition"] = composition
@@ -384,8 +418,6 @@ def tune_decoder(
         bad = [x for x in grids[key] if not known[key].is_valid(x)]
         if bad:
             raise ValueError(f"grids: {key}: {bad[0]!r} is not {known[key].describe()}")
-    ths = tuple(float(t) for t in tiou_thresholds)
-    weights_arr = np.ones(len(ths)) if weights is None else np.asarray(weights, dtype=np.float64)
 
     # labels not tuned yet split nothing: the first round starts from empty masks (the untuned chain's
     # many false-positive runs would fragment every candidate); the sections are decoded once
@@ -405,20 +437,15 @@ def tune_decoder(
     params = params.replace(labels=tuner.labels)
 
     # choose the ranking by the composed score of the full decoder
-    gt = {"videos": [{"video_id": v.name, "events": _gt_events(v)} for v in vids]}
     best: tuple[float, str, dict[str, float]] | None = None
-    w = weights_arr / weights_arr.sum()
     for ranking in rankings or (params["ranking"],):
-        candidate = params.replace(ranking=ranking)
-        decoder = EventDecoder(candidate)
-        pred = event_json({v.name: decoder(v.probs, v.frame_ids, video_id=v.name) for v in vids})
-        res = temporal_map(gt, pred, tiou_thresholds=ths, validate=False)
-        obj = float(sum(wt * res[f"mAP@{t:g}"] for wt, t in zip(w, ths, strict=True)))
+        obj, scores = _composed_score(vids, params.replace(ranking=ranking), ths, weights_arr)
         log(f"ranking {ranking!r}: composed validation objective {obj:.4f}")
         if best is None or obj > best[0] + 1e-12:
-            best = (obj, ranking, {f"mAP@{t:g}": res[f"mAP@{t:g}"] for t in ths})
+            best = (obj, ranking, scores)
     assert best is not None
     fit = {
+        "profile": profile,
         "videos": len(vids),
         "objective": best[0],
         **best[2],
@@ -429,6 +456,19 @@ def tune_decoder(
         "seconds": round(time.perf_counter() - t0, 1),
     }
     return params.replace(ranking=best[1], fit=fit)
+
+
+def _composed_score(
+    vids: list[_Video], params: DecoderParams, ths: tuple[float, ...], weights: np.ndarray
+) -> tuple[float, dict[str, float]]:
+    """The weighted temporal mAP of the full decoder on ``vids``, and the mAP at each tIoU threshold."""
+    gt = {"videos": [{"video_id": v.name, "events": _gt_events(v)} for v in vids]}
+    decoder = EventDecoder(params)
+    pred = event_json({v.name: decoder(v.probs, v.frame_ids, video_id=v.name) for v in vids})
+    res = temporal_map(gt, pred, tiou_thresholds=ths, validate=False)
+    w = weights / weights.sum()
+    scores = {f"mAP@{t:g}": res[f"mAP@{t:g}"] for t in ths}
+    return float(sum(wt * scores[f"mAP@{t:g}"] for wt, t in zip(w, ths, strict=True))), scores
 
 
 def _fit_anatomy(
