@@ -226,6 +226,91 @@ def test_class_positive_weights_from_a_datalist():
         class_positive_weights(labels, min_weight=10.0, max_weight=5.0)
 
 
+def test_class_positive_weights_pseudo_count_matches_authors_formula():
+    rng = np.random.default_rng(5)
+    labels = (rng.random((40, 6)) < np.array([0.5, 0.2, 0.05, 0.0, 1.0, 0.1])).astype(np.float32)
+
+    def compute_class_weights(y):  # the authors' compute_class_weights, transcribed
+        pos = y.sum(axis=0) + 1
+        neg = y.shape[0] - pos + 1
+        return neg / pos
+
+    expected = np.clip(compute_class_weights(labels), 1.0, 100.0)
+    w = class_positive_weights(labels, positive_pseudo_count=1.0)
+    torch.testing.assert_close(w, torch.as_tensor(expected, dtype=torch.float32))
+    assert w[3].item() == 40.0  # no positive: 40 / (0 + 1), finite with the pseudo count
+    # a fractional pseudo count, unclipped, and the default (0) unchanged: a class without positives gets max_weight
+    n_pos = labels.sum(axis=0)
+    w_half = class_positive_weights(labels, min_weight=1e-6, max_weight=1e6, positive_pseudo_count=0.5)
+    torch.testing.assert_close(w_half, torch.as_tensor((40 - n_pos) / (n_pos + 0.5), dtype=torch.float32))
+    assert class_positive_weights(labels, max_weight=30.0)[3].item() == 30.0
+    for bad in (-0.5, float("nan")):
+        with pytest.raises(ValueError, match="positive_pseudo_count"):
+            class_positive_weights(labels, positive_pseudo_count=bad)
+
+
+def authors_asl(logits, targets, gp, gn, clip, ls, pw):
+    """The authors' ASL with positive weights, transcribed as they wrote it (smoothing, clamps and all)."""
+    if ls > 0:
+        targets = targets * (1 - ls) + (1 - targets) * ls
+    probs = torch.sigmoid(logits).clamp(1e-6, 1 - 1e-6)
+    xs_pos = probs
+    xs_neg = (1 - probs).clamp(1e-6)
+    if clip > 0:
+        xs_neg = (xs_neg + clip).clamp(max=1)
+    loss = targets * torch.log(xs_pos) + (1 - targets) * torch.log(xs_neg)
+    pt = xs_pos * targets + xs_neg * (1 - targets)
+    gamma = gp * targets + gn * (1 - targets)
+    loss *= torch.pow(1 - pt, gamma)
+    loss = loss * (targets * pw + (1 - targets))
+    return -loss.mean()
+
+
+@pytest.mark.parametrize("soft", [False, True])
+@pytest.mark.parametrize("gp,gn,clip,ls", [(1.0, 4.0, 0.05, 0.05), (0.0, 2.0, 0.0, 0.1), (2.0, 0.0, 0.2, 0.0)])
+def test_smoothed_pos_weight_mode_matches_authors_asl(soft, gp, gn, clip, ls):
+    x, y = _data(seed=21, b=32, scale=3.0, soft=soft)  # moderate logits: the authors' 1e-6 clamps stay inactive
+    pw = torch.linspace(1.0, 60.0, 17, dtype=torch.float64)
+    ours = AsymmetricFocalLoss(gp, gn, clip, ls, pos_weight=pw, pos_weight_mode="smoothed")(x, y)
+    torch.testing.assert_close(ours, authors_asl(x, y, gp, gn, clip, ls, pw[None, :]), rtol=1e-5, atol=1e-6)
+    ours32 = AsymmetricFocalLoss(gp, gn, clip, ls, pos_weight=pw, pos_weight_mode="smoothed")(x.float(), y.float())
+    ref32 = authors_asl(x.float(), y.float(), gp, gn, clip, ls, pw.float()[None, :])
+    torch.testing.assert_close(ours32, ref32, rtol=1e-5, atol=1e-6)
+    if ls > 0:  # with smoothing the modes differ on negatives (t = eps there)
+        target_mode = AsymmetricFocalLoss(gp, gn, clip, ls, pos_weight=pw)(x, y)
+        assert not torch.allclose(ours, target_mode, rtol=1e-3)
+
+
+@pytest.mark.parametrize("soft", [False, True])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_positive_term_pos_weight_mode_equals_torch_bce(soft, eps):
+    x, y = _data(seed=22, soft=soft)
+    pw = torch.linspace(0.5, 50.0, 17, dtype=torch.float64)
+    t = y * (1 - 2 * eps) + eps
+    for dtype in (torch.float64, torch.float32):
+        xd, yd, td, pwd = x.to(dtype), y.to(dtype), t.to(dtype), pw.to(dtype)
+        for loss in (
+            AsymmetricFocalLoss(0, 0, 0, eps, pos_weight=pw, pos_weight_mode="positive_term", reduction="none"),
+            BinaryCrossEntropyLoss(eps, pos_weight=pw, pos_weight_mode="positive_term", reduction="none"),
+        ):
+            ref = F.binary_cross_entropy_with_logits(xd, td, pos_weight=pwd, reduction="none")
+            torch.testing.assert_close(loss(xd, yd), ref)
+    # with focusing the weight still multiplies the positive log term only, before the focusing factor
+    gp, gn, clip = 1.0, 4.0, 0.05
+    weighted = AsymmetricFocalLoss(gp, gn, clip, eps, pos_weight=pw, pos_weight_mode="positive_term", reduction="none")
+    p = torch.sigmoid(x)
+    p_m = (p - clip).clamp(min=0)
+    focus = (t * (1 - p) + (1 - t) * p_m) ** (t * gp + (1 - t) * gn)
+    ref = -focus * (pw * t * torch.log(p) + (1 - t) * torch.log(torch.clamp(1 - p + clip, max=1)))
+    torch.testing.assert_close(weighted(x, y), ref)
+
+
+def test_invalid_pos_weight_mode():
+    for cls in (AsymmetricFocalLoss, BinaryCrossEntropyLoss):
+        with pytest.raises(ValueError, match="pos_weight_mode must be one of"):
+            cls(pos_weight_mode="positive")
+
+
 def test_positive_weights_built_by_config_parser():
     from monai.bundle import ConfigParser
 

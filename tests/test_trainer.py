@@ -123,6 +123,41 @@ def test_mixup_mixes_images_and_targets_exactly():
     set_determinism(None)
 
 
+def test_mixup_per_batch_lambda_is_shared_and_at_least_half():
+    set_determinism(1)
+    items = _datalist(16)
+    trainer = _trainer(TinyNet(), _loader(items), mixup_alpha=0.3, mixup_per_batch=True, lr=0.0).set_random_state(3)
+    assert trainer.mixup.per_batch
+    seen = []
+    trainer.add_event_handler(
+        Events.ITERATION_COMPLETED,
+        lambda e: seen.append((e.state.batch["image"].float() / 255, e.state.batch["label"], dict(e.state.output))),
+    )
+    trainer.run()
+    assert len(seen) == 2
+    for x, y, out in seen:
+        lam, idx = out["mixup_lambda"], out["mixup_index"]
+        assert lam.shape == (8,) and torch.all(lam == lam[0]) and 0.5 <= float(lam[0]) <= 1.0
+        w = float(lam[0])  # the authors' form: lam * x + (1 - lam) * x[perm] with one scalar lam
+        torch.testing.assert_close(out["label"], w * y + (1 - w) * y[idx])
+        torch.testing.assert_close(out["image"].detach(), w * x + (1 - w) * x[idx])
+    set_determinism(None)
+
+    # the draws are max(Beta(a, a), 1 - Beta(a, a)): over many batches, >= 0.5 and spread like the folded Beta
+    m = MultiLabelMixUp(alpha=0.3, per_batch=True).set_random_state(0)
+    x, y = torch.rand(4, 3), torch.rand(4, C)
+    lams = []
+    for _ in range(2000):
+        _, _, lam, _ = m(x, y)
+        assert torch.all(lam == lam[0])
+        lams.append(float(lam[0]))
+    ref = np.random.default_rng(0).beta(0.3, 0.3, size=200_000)
+    ref = np.maximum(ref, 1 - ref)
+    assert min(lams) >= 0.5
+    assert abs(np.mean(lams) - ref.mean()) < 0.015
+    assert abs(np.mean(np.array(lams) > 0.9) - np.mean(ref > 0.9)) < 0.04
+
+
 def test_mixup_off_and_prob():
     x, y = torch.rand(6, 3, 4, 4), torch.rand(6, C)
     for m in (MultiLabelMixUp(alpha=0.0), MultiLabelMixUp(alpha=0.3, prob=0.0)):

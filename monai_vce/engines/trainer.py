@@ -36,15 +36,18 @@ class MultiLabelMixUp(Randomizable):
     Args:
         alpha: Beta distribution parameter; ``0`` disables mixup.
         prob: probability that a batch is mixed.
+        per_batch: draw one ``lam ~ Beta(alpha, alpha)`` for the whole batch and use ``max(lam, 1 - lam)``, so each
+            sample's own image stays dominant (the authors' training code); False: one ``lam`` per sample.
     """
 
-    def __init__(self, alpha: float = 0.3, prob: float = 1.0) -> None:
+    def __init__(self, alpha: float = 0.3, prob: float = 1.0, per_batch: bool = False) -> None:
         if alpha < 0:
             raise ValueError(f"mixup alpha must be >= 0, got {alpha}")
         if not 0.0 <= prob <= 1.0:
             raise ValueError(f"mixup prob must be in [0, 1], got {prob}")
         self.alpha = float(alpha)
         self.prob = float(prob)
+        self.per_batch = bool(per_batch)
         self._lam: np.ndarray | None = None
         self._perm: np.ndarray | None = None
 
@@ -52,7 +55,11 @@ class MultiLabelMixUp(Randomizable):
         self._lam, self._perm = None, None
         if self.alpha <= 0 or batch_size < 2 or self.R.rand() >= self.prob:
             return
-        self._lam = self.R.beta(self.alpha, self.alpha, size=batch_size)
+        if self.per_batch:
+            lam = self.R.beta(self.alpha, self.alpha)
+            self._lam = np.full(batch_size, max(lam, 1.0 - lam))
+        else:
+            self._lam = self.R.beta(self.alpha, self.alpha, size=batch_size)
         self._perm = self.R.permutation(batch_size)
 
     def __call__(
@@ -65,8 +72,8 @@ class MultiLabelMixUp(Randomizable):
             targets: ``(B, C)`` float tensor.
 
         Returns:
-            ``(images, targets, lam, index)``: the mixed batch, the weights ``(B,)`` and the partner index ``(B,)``
-            on the batch's device (``None`` when the batch was not mixed).
+            ``(images, targets, lam, index)``: the mixed batch, the weights ``(B,)`` (all equal for ``per_batch``)
+            and the partner index ``(B,)`` on the batch's device (``None`` when the batch was not mixed).
         """
         if images.shape[0] != targets.shape[0]:
             raise ValueError(f"mixup needs as many targets as images, got {images.shape[0]} and {targets.shape[0]}")
@@ -146,6 +153,8 @@ class VCETrainer(SupervisedTrainer):
         prepare_batch: default :class:`monai_vce.data.VCEPrepareBatch` (``uint8`` -> float on the device).
         mixup_alpha: Beta(alpha, alpha) mixup parameter; ``0`` disables mixup.
         mixup_prob: probability that a batch is mixed.
+        mixup_per_batch: one mixup weight per batch, ``max(lam, 1 - lam)`` (the authors' training code); False: one
+            per sample (see :class:`MultiLabelMixUp`).
         contrastive_weight: weight of the contrastive path's loss (the paper's 0.4); ``0`` trains the
             classification path only.
         contrastive_loss_function: loss of the contrastive logits, e.g.
@@ -185,6 +194,7 @@ class VCETrainer(SupervisedTrainer):
         accumulation_steps: int = 1,
         mixup_alpha: float = 0.3,
         mixup_prob: float = 1.0,
+        mixup_per_batch: bool = False,
         contrastive_weight: float = 0.4,
         contrastive_loss_function: Callable | None = None,
         grad_clip_norm: float | None = None,
@@ -228,7 +238,7 @@ class VCETrainer(SupervisedTrainer):
             compile_kwargs=compile_kwargs,
             accumulation_steps=accumulation_steps,
         )
-        self.mixup = MultiLabelMixUp(alpha=mixup_alpha, prob=mixup_prob)
+        self.mixup = MultiLabelMixUp(alpha=mixup_alpha, prob=mixup_prob, per_batch=mixup_per_batch)
         self.contrastive_weight = float(contrastive_weight)
         self.contrastive_loss_function = (
             loss_function if contrastive_loss_function is None else contrastive_loss_function

@@ -13,6 +13,8 @@ from torch.nn.modules.loss import _Loss
 
 __all__ = ["AsymmetricFocalLoss", "BinaryCrossEntropyLoss"]
 
+_POS_WEIGHT_MODES = ("target", "smoothed", "positive_term")
+
 
 def _as_class_vector(value: Sequence[float] | torch.Tensor | None, name: str) -> torch.Tensor | None:
     if value is None:
@@ -42,6 +44,10 @@ class AsymmetricFocalLoss(_Loss):
         detach_focusing: compute the focusing weight without gradient (reference behaviour).
         reduction: ``"mean"``: the mean over all ``B x C (x ...)`` elements; ``"sum"``: their sum;
             ``"none"``: the element-wise loss with the input's shape, e.g. ``(B, C)``.
+        pos_weight_mode: how ``w = pos_weight`` enters. ``"target"``: the focused loss times ``1 + (w - 1) y``
+            with ``y`` the target before smoothing (negatives keep their optimum at ``eps``); ``"smoothed"``: times
+            ``t w + 1 - t`` with ``t`` the smoothed target (the authors' ASL); ``"positive_term"``: only
+            ``t log p`` is multiplied by ``w``, before focusing (``torch.nn.BCEWithLogitsLoss``'s form).
 
     Example::
 
@@ -59,8 +65,11 @@ class AsymmetricFocalLoss(_Loss):
         weight: Sequence[float] | torch.Tensor | None = None,
         detach_focusing: bool = True,
         reduction: LossReduction | str = LossReduction.MEAN,
+        pos_weight_mode: str = "target",
     ) -> None:
         super().__init__(reduction=LossReduction(reduction).value)
+        if pos_weight_mode not in _POS_WEIGHT_MODES:
+            raise ValueError(f"pos_weight_mode must be one of {_POS_WEIGHT_MODES}, got {pos_weight_mode!r}")
         if gamma_pos < 0 or gamma_neg < 0:
             raise ValueError(f"gamma_pos and gamma_neg must be >= 0, got {gamma_pos} and {gamma_neg}")
         if not 0.0 <= clip < 1.0:
@@ -72,6 +81,7 @@ class AsymmetricFocalLoss(_Loss):
         self.clip = float(clip)
         self.label_smoothing = float(label_smoothing)
         self.detach_focusing = bool(detach_focusing)
+        self.pos_weight_mode = pos_weight_mode
         self.pos_weight: torch.Tensor | None
         self.class_weight: torch.Tensor | None
         self.register_buffer("pos_weight", _as_class_vector(pos_weight, "pos_weight"))
@@ -107,13 +117,17 @@ class AsymmetricFocalLoss(_Loss):
         y = target.to(compute_dtype)
         t = y * (1.0 - 2.0 * self.label_smoothing) + self.label_smoothing if self.label_smoothing > 0 else y
 
+        pos_weight = None if self.pos_weight is None else self._per_class(self.pos_weight, input, "pos_weight").to(x)
         log_p = F.logsigmoid(x)
         if self.clip > 0:
             # 1 - p_m = min(1 - p + clip, 1) >= clip, so the log is finite
             log_1m_pm = torch.log(torch.clamp(torch.sigmoid(-x) + self.clip, max=1.0))
         else:
             log_1m_pm = F.logsigmoid(-x)
-        loss = -(t * log_p + (1.0 - t) * log_1m_pm)
+        pos_term = t * log_p
+        if pos_weight is not None and self.pos_weight_mode == "positive_term":
+            pos_term = pos_term * pos_weight
+        loss = -(pos_term + (1.0 - t) * log_1m_pm)
 
         if self.gamma_pos > 0 or self.gamma_neg > 0:
             with torch.set_grad_enabled(torch.is_grad_enabled() and not self.detach_focusing):
@@ -124,9 +138,8 @@ class AsymmetricFocalLoss(_Loss):
                 focus = one_minus_pt.clamp(min=torch.finfo(compute_dtype).tiny).pow(gamma)
             loss = loss * focus
 
-        if self.pos_weight is not None:
-            pos_weight = self._per_class(self.pos_weight, input, "pos_weight").to(loss)
-            loss = loss * (1.0 + (pos_weight - 1.0) * y)
+        if pos_weight is not None and self.pos_weight_mode != "positive_term":
+            loss = loss * (1.0 + (pos_weight - 1.0) * (y if self.pos_weight_mode == "target" else t))
         if self.class_weight is not None:
             loss = loss * self._per_class(self.class_weight, input, "weight").to(loss)
 
@@ -143,14 +156,16 @@ class BinaryCrossEntropyLoss(AsymmetricFocalLoss):
     The :class:`AsymmetricFocalLoss` without focusing and clipping: ``-[t log p + (1 - t) log(1 - p)]
     (1 + (w^+_c - 1) y) w_c`` with ``t = y (1 - 2 eps) + eps``. Without smoothing it equals
     ``torch.nn.BCEWithLogitsLoss(pos_weight=..., weight=...)`` on 0/1 targets; with smoothing the positive weight
-    follows the target before smoothing, so negatives keep their optimum at ``eps`` (see
-    :class:`AsymmetricFocalLoss`). The loss of the contrastive path.
+    follows the target before smoothing (``pos_weight_mode="target"``), so negatives keep their optimum at ``eps``
+    (see :class:`AsymmetricFocalLoss`). The loss of the contrastive path.
 
     Args:
         label_smoothing: ``eps`` in [0, 0.5).
         pos_weight: optional per-class positive weights (``C`` values along dim 1).
         weight: optional per-class weights.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+        pos_weight_mode: ``"target"``, ``"smoothed"`` or ``"positive_term"`` (see :class:`AsymmetricFocalLoss`);
+            ``"positive_term"`` is ``torch.nn.BCEWithLogitsLoss(pos_weight=...)`` on the smoothed targets.
     """
 
     def __init__(
@@ -159,6 +174,7 @@ class BinaryCrossEntropyLoss(AsymmetricFocalLoss):
         pos_weight: Sequence[float] | torch.Tensor | None = None,
         weight: Sequence[float] | torch.Tensor | None = None,
         reduction: LossReduction | str = LossReduction.MEAN,
+        pos_weight_mode: str = "target",
     ) -> None:
         super().__init__(
             gamma_pos=0.0,
@@ -168,4 +184,5 @@ class BinaryCrossEntropyLoss(AsymmetricFocalLoss):
             pos_weight=pos_weight,
             weight=weight,
             reduction=reduction,
+            pos_weight_mode=pos_weight_mode,
         )
