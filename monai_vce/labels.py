@@ -4,6 +4,7 @@ uses the order of :data:`LABELS`.
 
 from __future__ import annotations
 
+import string
 from collections.abc import Iterable, Sequence
 
 __all__ = [
@@ -20,6 +21,8 @@ __all__ = [
     "label_indices",
     "labels_to_multi_hot",
     "multi_hot_to_labels",
+    "PROMPT_PLACEHOLDERS",
+    "check_templates",
     "prompts_for",
     "all_prompts",
 ]
@@ -53,7 +56,10 @@ LANDMARK_BOUNDARIES: dict[str, tuple[str, str]] = {
     "ileocecal valve": ("small intestine", "colon"),
 }
 
-#: Prompt templates of the contrastive path; ``{label}`` is replaced by the label's description.
+#: Placeholders of a prompt template: ``{label}``, the label's description (:data:`LABEL_DESCRIPTIONS`), and
+#: ``{name}``, its name as in :data:`LABELS` (the authors' code uses ``"a video capsule endoscopy image showing {name}"``).
+PROMPT_PLACEHOLDERS: tuple[str, ...] = ("label", "name")
+#: Default prompt templates of the contrastive path; ``{label}`` is replaced by the label's description.
 PROMPT_TEMPLATES: tuple[str, ...] = (
     "a video capsule endoscopy image showing {label}",
     "a capsule endoscopy frame of {label}",
@@ -120,12 +126,61 @@ def multi_hot_to_labels(vector: Sequence[float], threshold: float = 0.5) -> list
     return [name for name, v in zip(LABELS, vector, strict=False) if v >= threshold]
 
 
-def prompts_for(name: str) -> list[str]:
-    """Return the prompt variants of one label (one per template of :data:`PROMPT_TEMPLATES`)."""
-    desc = LABEL_DESCRIPTIONS[LABELS[label_index(name)]]
-    return [t.format(label=desc) for t in PROMPT_TEMPLATES]
+def check_templates(templates: Sequence[str] | None = None) -> tuple[str, ...]:
+    """Return the prompt templates as a tuple after checking them; None gives :data:`PROMPT_TEMPLATES`.
+
+    Args:
+        templates: strings, each using ``{label}`` and/or ``{name}`` (see :data:`PROMPT_PLACEHOLDERS`) and no other
+            placeholder (plain, without conversion or format spec); ``{{`` and ``}}`` are literal braces.
+
+    Raises:
+        ValueError: an empty sequence, a single string instead of a sequence, a template that is not a string, has
+            no placeholder, another placeholder or unbalanced braces.
+    """
+    if templates is None:
+        return PROMPT_TEMPLATES
+    if isinstance(templates, str):
+        raise ValueError(f"prompt templates must be a sequence of strings, got the single string {templates!r}")
+    out = tuple(templates)
+    if not out:
+        raise ValueError("prompt templates must not be empty")
+    for template in out:
+        if not isinstance(template, str):
+            raise ValueError(f"prompt template {template!r} is not a string")
+        try:
+            parsed = [(field, spec, conv) for _, field, spec, conv in string.Formatter().parse(template)]
+        except ValueError as err:
+            raise ValueError(f"prompt template {template!r} is malformed: {err}") from None
+        fields = {field for field, _, _ in parsed if field is not None}
+        if any(spec or conv for field, spec, conv in parsed if field is not None):
+            raise ValueError(f"prompt template {template!r}: placeholders take no conversion or format spec")
+        other = sorted(fields - set(PROMPT_PLACEHOLDERS))
+        if other:
+            raise ValueError(
+                f"prompt template {template!r} has placeholder(s) {other}; only {{label}} and {{name}} are allowed"
+            )
+        if not fields:
+            raise ValueError(f"prompt template {template!r} has neither {{label}} nor {{name}}")
+    return out
 
 
-def all_prompts() -> dict[str, list[str]]:
-    """Return ``{label: [prompt variants]}`` for the 17 labels in :data:`LABELS` order."""
-    return {name: prompts_for(name) for name in LABELS}
+def prompts_for(name: str, templates: Sequence[str] | None = None) -> list[str]:
+    """Return the prompt variants of one label, one per template.
+
+    Args:
+        name: a label name (see :func:`label_index`).
+        templates: prompt templates (see :func:`check_templates`); None: :data:`PROMPT_TEMPLATES`.
+
+    Raises:
+        KeyError: an unknown label name.
+        ValueError: invalid templates.
+    """
+    key = LABELS[label_index(name)]
+    desc = LABEL_DESCRIPTIONS[key]
+    return [t.format(label=desc, name=key) for t in check_templates(templates)]
+
+
+def all_prompts(templates: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """Return ``{label: [prompt variants]}`` for the 17 labels in :data:`LABELS` order (see :func:`prompts_for`)."""
+    checked = check_templates(templates)
+    return {name: prompts_for(name, checked) for name in LABELS}

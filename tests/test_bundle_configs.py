@@ -400,6 +400,7 @@ def test_configs_read_in_one_pass(path):
 #: each preset or overlay file -> the files it is merged over, as the documented commands merge them
 OVERLAYS = {
     "paper.json": ["train.json"],
+    "authors.json": ["train.json", "paper.json"],
     "demo.json": ["train.json", "paper.json"],  # the widest documented merge: its contrastive_weight undoes paper's
     "frame_cache.json": ["train.json"],
     "multi_gpu_train.json": ["train.json"],

@@ -379,3 +379,32 @@ def test_checkpoint_with_contrastive_head_loads_without_it(tiny):
         torch.testing.assert_close(inference(x), trained(x))
     with pytest.raises(RuntimeError, match="classifier_head"):
         inference.load_state_dict({k: v for k, v in trained.state_dict().items() if "classifier_head" not in k})
+
+
+def test_prompt_templates_computed_and_mismatch_refused(tiny, tmp_path):
+    """prompt_templates are embedded when the classifier computes the file; a file recording other prompts is
+    refused with the command that rebuilds it; a file without recorded prompts is read as before."""
+    from monai_vce.networks.text_embeddings import compute_text_embeddings
+
+    text_model = f"local-dir:{tiny / 'local'}"
+    templates = ["a video capsule endoscopy image showing {name}"]
+    target = tmp_path / "custom.pt"
+    net = _net(tiny, text_embeddings=str(target), text_model=text_model, prompt_templates=templates)
+    saved = torch.load(target, weights_only=True)
+    assert saved["prompts"]["polyp"] == ["a video capsule endoscopy image showing polyp"]
+    reference = {lb: [f"a video capsule endoscopy image showing {lb}"] for lb in LABELS}
+    expected = compute_text_embeddings(text_model, prompts=reference)["embeddings"]
+    torch.testing.assert_close(net.contrastive_head.text_embeddings, expected, atol=1e-6, rtol=0)
+    assert _net(tiny, text_embeddings=str(target), prompt_templates=templates).contrastive_head is not None
+
+    with pytest.raises(ValueError) as err:  # default templates against the custom file
+        _net(tiny, text_embeddings=str(target))
+    msg = str(err.value)
+    assert "\n" not in msg and str(target) in msg and f"--model {text_model} --out {target}" in msg
+    with pytest.raises(ValueError) as err:  # other templates: the command carries them
+        _net(tiny, text_embeddings=str(target), prompt_templates=["{label} seen by a capsule"])
+    assert "--templates '{label} seen by a capsule'" in str(err.value)
+    # the fixture's file records no prompts: any templates read it
+    assert _net(tiny, prompt_templates=templates).contrastive_head is not None
+    with pytest.raises(ValueError, match="neither"):
+        _net(tiny, prompt_templates=["no placeholder"])

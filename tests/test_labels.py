@@ -65,3 +65,37 @@ def test_package_import_is_light_and_silent():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert res.stdout == "" and res.stderr == ""
+
+
+def test_prompt_templates_with_name_and_label():
+    templates = ["a video capsule endoscopy image showing {name}", "{name}: {label}"]
+    assert L.prompts_for("ulcer", templates) == [
+        "a video capsule endoscopy image showing ulcer",
+        "ulcer: an ulcer",
+    ]
+    assert L.prompts_for(" Z-Line ", ["{name} / {label}"]) == ["z-line / the z-line, the gastroesophageal junction"]
+    prompts = L.all_prompts(("{{literal}} {name}",))
+    assert list(prompts) == list(L.LABELS) and prompts["blood"] == ["{literal} blood"]
+    assert L.all_prompts(None) == L.all_prompts(L.PROMPT_TEMPLATES)
+    assert L.all_prompts()["ulcer"][0] == "a video capsule endoscopy image showing an ulcer"
+
+
+@pytest.mark.parametrize(
+    "templates, match",
+    [
+        ([], "must not be empty"),
+        (["an image of blood"], "neither {label} nor {name}"),
+        (["{label} in {organ}"], r"placeholder\(s\) \['organ'\]"),
+        (["an image of {}"], r"placeholder\(s\) \[''\]"),
+        (["{label"], "malformed"),
+        (["{label!r}"], "no conversion or format spec"),
+        ("{label}", "single string"),
+        ([3], "not a string"),
+    ],
+)
+def test_prompt_template_errors(templates, match):
+    with pytest.raises(ValueError, match=match) as err:
+        L.all_prompts(templates)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=match):
+        L.prompts_for("polyp", templates)

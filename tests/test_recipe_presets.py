@@ -18,6 +18,7 @@ from monai_vce.networks import DifferentialAttention, save_tiny_local_dir
 from monai_vce.postprocessing import DecoderParams
 
 PAPER = str(CONFIGS / "paper.json")
+AUTHORS = str(CONFIGS / "authors.json")
 
 
 @pytest.fixture(scope="module")
@@ -130,10 +131,10 @@ def test_project_recipe(mini_galar, tmp_path):
     assert parser.get_parsed_content("train#lr_scheduler").total_steps == 10 * parser.get_parsed_content("epoch_length")
 
 
-@pytest.mark.parametrize("preset", [None, PAPER])
+@pytest.mark.parametrize("preset", [None, PAPER, AUTHORS])
 def test_presets_merge_over_inference_json(preset, mini_galar, tmp_path):
     """The inference network built with a preset has the training network's architecture (same state dict)."""
-    extra = [preset] if preset else []
+    extra = {None: [], PAPER: [PAPER], AUTHORS: [PAPER, AUTHORS]}[preset]
     train_net = tiny_config_parser([TRAIN, *extra], mini_galar, tmp_path, contrastive_weight=0.0).get_parsed_content(
         "network_def"
     )
@@ -200,3 +201,51 @@ def test_paper_preset_training_writes_the_papers_decoding_chain(mini_galar, tmp_
         assert params.per_label(key).tolist() == [value] * len(f1_thresholds)
     assert params["ranking"] == "none" and not params["anatomy"]["enabled"]
     assert params["fit"]["profile"] == "paper"
+
+
+def _authors_positive_weights(data) -> torch.Tensor:
+    """The authors' ``compute_class_weights``: ``pos = count + 1; neg = N - pos + 1; clip(neg / pos, 1, 100)``."""
+    labels = np.stack([np.asarray(d["label"]) >= 0.5 for d in data]).astype(np.float64)
+    pos = labels.sum(axis=0) + 1
+    neg = len(labels) - pos + 1
+    return torch.as_tensor(np.clip(neg / pos, 1.0, 100.0), dtype=torch.float32)
+
+
+def test_authors_preset_is_the_authors_code(mini_galar, tmp_path, text_tower):
+    """``paper.json`` + ``authors.json``: what the authors' code ran where the paper is silent or differs."""
+    parser = tiny_config_parser(
+        [TRAIN, PAPER, AUTHORS], mini_galar, tmp_path, text_model=text_tower, samples_per_epoch=160, batch_size=8
+    )
+    net = parser.get_parsed_content("network_def")
+    blocks = net.visual.trunk.blocks
+    assert all(b.attn.variant == "authors" and b.attn.lambda_init == 0.8 for b in blocks)
+    assert float(net.contrastive_head.logit_scale) == pytest.approx(math.log(1 / 0.07))
+    # every 5th frame per video, one mixup lambda per batch
+    split_train = parser.get_parsed_content("split")[0]
+    train_data = parser.get_parsed_content("train_datalist")
+    assert list(train_data) == subsample_frames(split_train, 5)
+    trainer = parser.get_parsed_content("train#trainer")
+    assert trainer.mixup.per_batch and trainer.mixup.alpha == 0.3
+    # their positive weights, applied to the smoothed target (ASL) and as torch's BCE pos_weight (contrastive)
+    loss = parser.get_parsed_content("train#loss")
+    con = parser.get_parsed_content("train#contrastive_loss")
+    torch.testing.assert_close(loss.pos_weight, _authors_positive_weights(train_data))
+    assert loss.pos_weight_mode == "smoothed" and loss.label_smoothing == 0.05
+    assert con.pos_weight_mode == "positive_term" and con.label_smoothing == 0.0
+    # OneCycle: div_factor 10, final_div_factor 100, pct_start 0.15, momentum cycled
+    optimizer = parser.get_parsed_content("train#optimizer")
+    scheduler = parser.get_parsed_content("train#lr_scheduler")
+    assert scheduler.total_steps == 5 * 20
+    head = next(g for g in optimizer.param_groups if g["max_lr"] == pytest.approx(3e-4))
+    assert head["lr"] == pytest.approx(3e-4 / 10) and head["betas"][0] == pytest.approx(0.95)
+    for _ in range(14):  # the peak: step 0.15 x 100 - 1
+        optimizer.step()
+        scheduler.step()
+    assert head["lr"] == pytest.approx(3e-4) and head["betas"][0] == pytest.approx(0.85)
+    for _ in range(85):
+        optimizer.step()
+        scheduler.step()
+    assert head["lr"] == pytest.approx(3e-4 / 10 / 100)
+    # their validation share and decoding order
+    assert parser.get_parsed_content("val_fraction") == 0.15
+    assert parser.get_parsed_content("decoder_tuning") == {"profile": "authors"}

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 open_clip = pytest.importorskip("open_clip")
 
-from monai_vce.labels import LABELS, all_prompts  # noqa: E402
+from monai_vce.labels import LABELS, PROMPT_TEMPLATES, all_prompts  # noqa: E402
 from monai_vce.networks import TINY_MODEL_NAME, create_tiny_open_clip, save_tiny_checkpoint, save_tiny_local_dir  # noqa: E402
 from monai_vce.networks.backbone import BIOMEDCLIP_CONFIG  # noqa: E402
 from monai_vce.networks.text_embeddings import _require_text_tower, load_text_embeddings, main  # noqa: E402
@@ -212,3 +212,56 @@ def test_offline_from_a_local_clip_folder_and_a_local_bert_folder(tmp_path, monk
     net = DiffAttnCLIPClassifier(backbone=TINY_MODEL_NAME, pretrained=False, image_size=64, text_embeddings=str(out))
     assert net.contrastive_head is not None
     torch.testing.assert_close(net.contrastive_head.text_embeddings, expected, atol=1e-6, rtol=0)
+
+
+def test_cli_templates_option(tiny, capsys):
+    """--templates (several after one flag, or repeated) embeds exactly those templates' prompts; the file records
+    them and a check against other templates names the command that rebuilds it."""
+    templates = ["a video capsule endoscopy image showing {name}", "an endoscopic view of {label}"]
+    model = f"local-dir:{tiny / 'local'}"
+    out = tiny / "templates.pt"
+    assert main(["--model", model, "--out", str(out), "--templates", *templates]) == 0
+    capsys.readouterr()
+    saved = torch.load(out, weights_only=True)
+    # independent reference: the prompts written out by hand for two labels, embedded with the tiny text tower
+    assert saved["prompts"]["active bleeding"] == [
+        "a video capsule endoscopy image showing active bleeding",
+        "an endoscopic view of active bleeding",
+    ]
+    assert saved["prompts"]["ulcer"] == [
+        "a video capsule endoscopy image showing ulcer",
+        "an endoscopic view of an ulcer",
+    ]
+    clip = create_tiny_open_clip(5)
+    tokenizer = open_clip.get_tokenizer(TINY_MODEL_NAME)
+    with torch.no_grad():
+        rows = [F.normalize(clip.encode_text(tokenizer(saved["prompts"][lb])), dim=-1).mean(0) for lb in LABELS]
+    expected = F.normalize(torch.stack(rows), dim=-1)
+    torch.testing.assert_close(saved["embeddings"], expected, atol=1e-6, rtol=0)
+    assert (saved["embeddings"] - _expected(seed=5)).abs().max() > 1e-3  # other prompts, other embeddings
+
+    repeated = tiny / "repeated.pt"
+    assert (
+        main(["--model", model, "--out", str(repeated), "--templates", templates[0], "--templates", templates[1]]) == 0
+    )
+    capsys.readouterr()
+    torch.testing.assert_close(torch.load(repeated, weights_only=True)["embeddings"], expected, atol=0, rtol=0)
+
+    # the file matches its templates, not the built-in ones
+    torch.testing.assert_close(load_text_embeddings(out, templates=templates), expected, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError) as err:
+        load_text_embeddings(out, templates=PROMPT_TEMPLATES)
+    msg = str(err.value)
+    assert "\n" not in msg and str(out) in msg and f"text-embeddings --model {model} --out {out}" in msg
+    assert "--templates" not in msg  # the built-in templates are the default of the command
+    # a file without recorded prompts is not checked
+    plain = tiny / "plain_prompts.pt"
+    torch.save({"labels": list(LABELS), "embeddings": expected}, plain)
+    torch.testing.assert_close(load_text_embeddings(plain, templates=templates), expected, atol=1e-6, rtol=0)
+
+    # invalid templates: one error line, nothing written
+    bad = tiny / "bad.pt"
+    assert main(["--model", model, "--out", str(bad), "--templates", "no placeholder"]) == 2
+    err_lines = capsys.readouterr().err.strip().splitlines()
+    assert len(err_lines) == 1 and "neither {label} nor {name}" in err_lines[0], err_lines
+    assert not bad.exists()

@@ -13,7 +13,7 @@ from typing import Any, cast
 import torch
 import torch.nn as nn
 
-from monai_vce.labels import LABELS, NUM_LABELS
+from monai_vce.labels import LABELS, NUM_LABELS, all_prompts, check_templates
 
 from .backbone import BIOMEDCLIP_HUB_ID, build_image_tower, check_backbone
 from .diff_attention import (
@@ -104,6 +104,10 @@ class DiffAttnCLIPClassifier(nn.Module):
             computes the embeddings when the ``text_embeddings`` file does not exist yet (BiomedCLIP's needs the
             ``transformers`` package); None: a missing file is an error.
         text_model_name: open_clip config of a checkpoint-file ``text_model``.
+        prompt_templates: the prompt templates of the label prompts (``{label}``: the clinical description,
+            ``{name}``: the label name; see :func:`~monai_vce.labels.check_templates`); None: the built-in
+            :data:`~monai_vce.labels.PROMPT_TEMPLATES`. Used when the embeddings are computed here; a file whose
+            recorded prompts are other ones is refused (a ValueError with the command that rebuilds it).
         contrastive: enable the contrastive path when text embeddings are available.
         max_logit_scale: upper clamp of the contrastive path's scale ``exp(tau)`` (the paper's 100).
         fusion: what :meth:`forward` returns: ``"classification"`` (the classification logits; default) or
@@ -143,6 +147,7 @@ class DiffAttnCLIPClassifier(nn.Module):
         text_embeddings: str | os.PathLike | torch.Tensor | None = None,
         text_model: str | None = None,
         text_model_name: str | None = None,
+        prompt_templates: Sequence[str] | None = None,
         contrastive: bool = True,
         max_logit_scale: float = 100.0,
         fusion: str = "classification",
@@ -160,6 +165,8 @@ class DiffAttnCLIPClassifier(nn.Module):
         variant = resolve_variant(attention_variant)
         if fusion not in FUSION_MODES:
             raise ValueError(f"fusion must be one of {FUSION_MODES}, got {fusion!r}")
+        #: the prompt templates of the contrastive path's text embeddings
+        self.prompt_templates = check_templates(prompt_templates)
         # deferred: the architecture now (random weights, offline: BiomedCLIP's config ships with the package), the
         # weights and the text embeddings in load_pretrained(), when a workflow runs
         self._deferred: dict[str, Any] | None = None
@@ -301,7 +308,7 @@ class DiffAttnCLIPClassifier(nn.Module):
             else text_embeddings
         )
         hint = (
-            f"{text_embeddings_hint(out, text_model or self._text_model_default)} (`python -m "
+            f"{text_embeddings_hint(out, text_model or self._text_model_default, self.prompt_templates)} (`python -m "
             "monai_vce.text_embeddings` is the same command), and pass text_embeddings=<file>"
         )
         if text_embeddings is None:
@@ -339,7 +346,9 @@ class DiffAttnCLIPClassifier(nn.Module):
 
         if self.num_classes != NUM_LABELS:
             raise ValueError(f"the label prompts describe {NUM_LABELS} labels, the network has {self.num_classes}")
-        computed = compute_text_embeddings(text_model, model_name=text_model_name)
+        computed = compute_text_embeddings(
+            text_model, model_name=text_model_name, prompts=all_prompts(self.prompt_templates)
+        )
         width = int(computed["embeddings"].shape[1])
         if width != self.embed_dim:
             raise ValueError(f"its embeddings are {width} wide, the image features {self.embed_dim}")
@@ -355,7 +364,11 @@ class DiffAttnCLIPClassifier(nn.Module):
             return text_embeddings
         labels = LABELS if self.num_classes == NUM_LABELS else None
         return load_text_embeddings(
-            text_embeddings, labels=labels, num_classes=self.num_classes, embed_dim=self.embed_dim
+            text_embeddings,
+            labels=labels,
+            num_classes=self.num_classes,
+            embed_dim=self.embed_dim,
+            templates=self.prompt_templates if labels is not None else None,
         )
 
     def _new_parameter_names(self) -> set[str]:

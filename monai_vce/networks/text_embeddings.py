@@ -1,7 +1,8 @@
 """Text embeddings of the label prompts, for the contrastive path of :class:`~monai_vce.networks.DiffAttnCLIPClassifier`.
 
-CLIP prompt ensembling, saved as ``{"labels", "embeddings": (17, D) float32, "model", "prompts"}``; computing them
-needs ``transformers`` (and, offline, a local folder of the Hugging Face text tower), reading them does not.
+CLIP prompt ensembling, saved as ``{"labels", "embeddings": (17, D) float32, "model", "prompts"}`` (``prompts``: the
+variants of each label, from the templates of ``--templates``); computing them needs ``transformers`` (and, offline, a
+local folder of the Hugging Face text tower), reading them does not.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import contextlib
 import importlib.util
 import io
 import os
+import shlex
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from monai_vce.cli import command_main
-from monai_vce.labels import LABELS, all_prompts
+from monai_vce.labels import LABELS, PROMPT_TEMPLATES, all_prompts, check_templates
 from monai_vce.utils import atomic_write_bytes, seal_torch_bytes
 
 from .backbone import BIOMEDCLIP_CONFIG, BIOMEDCLIP_HUB_ID, read_torch_file, resolve_backbone
@@ -28,6 +30,7 @@ __all__ = [
     "save_text_embeddings",
     "load_text_embeddings",
     "resolve_text_config",
+    "text_embeddings_command",
     "text_embeddings_hint",
     "main",
 ]
@@ -39,11 +42,28 @@ _CONFIG_FILE = "config.json"
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 
 
-def text_embeddings_hint(out: str | os.PathLike = "bundle/models/text_embeddings.pt", model: str | None = None) -> str:
-    """One sentence saying how to write ``out``: the command, and what it needs once (for error messages)."""
+def text_embeddings_command(
+    out: str | os.PathLike, model: str | None = None, templates: Sequence[str] | None = None
+) -> str:
+    """The ``text-embeddings`` command line that writes ``out`` with ``model`` (default BiomedCLIP) and ``templates``
+    (``--templates`` only when they are not the built-in :data:`~monai_vce.labels.PROMPT_TEMPLATES`)."""
+    command = f"python -m monai_vce text-embeddings --model {model or BIOMEDCLIP_HUB_ID} --out {out}"
+    checked = check_templates(templates)
+    if checked != PROMPT_TEMPLATES:
+        command += " --templates " + " ".join(shlex.quote(t) for t in checked)
+    return command
+
+
+def text_embeddings_hint(
+    out: str | os.PathLike = "bundle/models/text_embeddings.pt",
+    model: str | None = None,
+    templates: Sequence[str] | None = None,
+) -> str:
+    """One sentence saying how to write ``out``: the command (:func:`text_embeddings_command`), and what it needs
+    once (for error messages)."""
     return (
-        f"compute them once with `python -m monai_vce text-embeddings --model {model or BIOMEDCLIP_HUB_ID} "
-        f"--out {out}` (add `--text-config /path/to/{BIOMEDBERT_HUB_ID.rsplit('/', 1)[-1]}` offline); it needs the "
+        f"compute them once with `{text_embeddings_command(out, model, templates)}` "
+        f"(add `--text-config /path/to/{BIOMEDBERT_HUB_ID.rsplit('/', 1)[-1]}` offline); it needs the "
         f"BiomedBERT config and tokenizer ({BIOMEDBERT_HUB_ID}: config.json, vocab.txt) once, from the hub, the "
         "Hugging Face cache or that folder"
     )
@@ -105,18 +125,23 @@ def load_text_embeddings(
     labels: Sequence[str] | None = LABELS,
     num_classes: int | None = None,
     embed_dim: int | None = None,
+    templates: Sequence[str] | None = None,
 ) -> Any:
     """Read a text-embedding file and return its (num_classes, D) L2-normalised float32 tensor.
 
     Args:
-        path: a ``.pt`` file holding a plain tensor or ``{"labels": [...], "embeddings": tensor}``.
+        path: a ``.pt`` file holding a plain tensor or ``{"labels": [...], "embeddings": tensor, "prompts": {...}}``.
         labels: the expected label names in order (checked when the file lists labels); None skips the check.
         num_classes: expected number of rows (default ``len(labels)``).
         embed_dim: expected width (the image tower's embedding width); None skips the check.
+        templates: the prompt templates the embeddings must come from: when the file records its prompts, they must
+            be :func:`~monai_vce.labels.all_prompts` of these (``labels`` must then be :data:`LABELS`); None skips
+            the check.
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: unreadable content, wrong shape, label names or order that differ, or non-finite / zero rows;
+        ValueError: unreadable content, wrong shape, label names or order that differ, recorded prompts other than
+            those of ``templates`` (the message has the command that rebuilds the file), or non-finite / zero rows;
             the message names the file.
     """
     import torch
@@ -126,13 +151,13 @@ def load_text_embeddings(
     if not path.is_file():
         raise FileNotFoundError(f"text embeddings file not found: {path}")
     obj = read_torch_file(path, "text embeddings")  # torch.load(weights_only=True), one-line errors
-    file_labels = None
+    file_labels = file_prompts = None
     if isinstance(obj, Mapping):
         if "embeddings" not in obj:
             raise ValueError(
                 f"text embeddings {path}: expected a tensor or a dict with 'embeddings', got keys {list(obj)}"
             )
-        tensor, file_labels = obj["embeddings"], obj.get("labels")
+        tensor, file_labels, file_prompts = obj["embeddings"], obj.get("labels"), obj.get("prompts")
     else:
         tensor = obj
     if not isinstance(tensor, torch.Tensor) or tensor.ndim != 2 or not tensor.is_floating_point():
@@ -152,11 +177,32 @@ def load_text_embeddings(
             unknown = sorted(set(file_labels) - set(labels))
             absent = sorted(set(labels) - set(file_labels))
             raise ValueError(f"text embeddings {path}: label names differ (unexpected: {unknown}; missing: {absent})")
+    if templates is not None and file_prompts is not None:
+        _check_prompts(path, file_prompts, templates, labels, obj.get("model") if isinstance(obj, Mapping) else None)
     tensor = tensor.float()
     norms = tensor.norm(dim=1)
     if not torch.isfinite(tensor).all() or bool((norms == 0).any()):
         raise ValueError(f"text embeddings {path}: non-finite values or all-zero rows")
     return F.normalize(tensor, dim=-1)
+
+
+def _check_prompts(
+    path: Path, recorded: Any, templates: Sequence[str], labels: Sequence[str] | None, model: Any
+) -> None:
+    """Refuse a file whose recorded prompts are not those of ``templates``, naming the command that rebuilds it."""
+    if labels is None or list(labels) != list(LABELS):
+        raise ValueError(f"text embeddings {path}: checking prompt templates needs labels=LABELS, got {labels}")
+    expected = all_prompts(templates)
+    if not isinstance(recorded, Mapping):
+        raise ValueError(f"text embeddings {path}: 'prompts' must be a dict of label -> prompts")
+    differ = [label for label in LABELS if [str(p) for p in recorded.get(label, ())] != expected[label]]
+    if differ:
+        command = text_embeddings_command(path, str(model) if model else None, templates)
+        raise ValueError(
+            f"text embeddings {path} were computed from other prompts than those of the prompt templates "
+            f"{list(check_templates(templates))} (labels {differ[:3]}{' ...' if len(differ) > 3 else ''}); rebuild it "
+            f"with `{command}`"
+        )
 
 
 def _require_text_tower(model_cfg: Mapping[str, Any], spec: str) -> None:
@@ -325,6 +371,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "tokenizer_config.json) or a Hugging Face cache folder holding it; default: the hub or its cache",
     )
     p.add_argument("--out", required=True, help="output .pt file, e.g. bundle/models/text_embeddings.pt")
+    p.add_argument(
+        "--templates",
+        nargs="+",
+        action="extend",
+        default=None,
+        metavar="TEMPLATE",
+        help="prompt templates, each with {label} (the label's clinical description) and/or {name} (its name), e.g. "
+        "'a video capsule endoscopy image showing {name}'; several after one --templates or repeated; default: the "
+        "built-in monai_vce.labels.PROMPT_TEMPLATES",
+    )
     p.add_argument("--device", default="cpu", help="device of the text tower (default: cpu)")
     p.add_argument("--batch-size", type=int, default=64, help="prompts per forward pass")
     p.set_defaults(run=run)
@@ -333,9 +389,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Compute and save the embeddings of ``args``; returns the printed summary of the written file."""
+    prompts = all_prompts(args.templates)  # invalid templates fail before the model is loaded
     result = compute_text_embeddings(
         args.model,
         model_name=args.model_name,
+        prompts=prompts,
         device=args.device,
         batch_size=args.batch_size,
         text_config=args.text_config,
