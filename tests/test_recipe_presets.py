@@ -13,6 +13,7 @@ import torch
 from bundle_helpers import CONFIGS, INFERENCE, TRAIN, tiny_config_parser
 
 from monai_vce.data import subsample_frames
+from monai_vce.labels import all_prompts
 from monai_vce.losses import AsymmetricFocalLoss, BinaryCrossEntropyLoss, class_positive_weights
 from monai_vce.networks import DifferentialAttention, save_tiny_local_dir
 from monai_vce.postprocessing import DecoderParams
@@ -43,6 +44,11 @@ def test_paper_preset_is_the_papers_recipe(mini_galar, tmp_path, text_tower):
     assert head.gate.fc[0].out_features == net.embed_dim // 16
     assert isinstance(head.norm, torch.nn.BatchNorm1d) and head.dropout.p == 0.4
     assert net.contrastive_head is not None and net.contrastive_head.max_logit_scale == 100.0
+    # the paper's one prompt per label, "a video capsule endoscopy image showing [label]" (the label's name)
+    assert net.prompt_templates == ("a video capsule endoscopy image showing {name}",)
+    assert all_prompts(net.prompt_templates)["active bleeding"] == [
+        "a video capsule endoscopy image showing active bleeding"
+    ]
     # loss: ASL (gamma+ 1, gamma- 4) + 0.4 x BCE, both with the positive weights of the training datalist
     # the training datalist is every 5th frame of each training video (the authors' epoch)
     split_train = parser.get_parsed_content("split")[0]
