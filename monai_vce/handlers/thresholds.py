@@ -67,6 +67,9 @@ class ThresholdOptimizationHandler:
             under this name.
         collector: the validation's shared collector; ``None`` collects the frames here.
         name: logger name (``None``: the engine's logger).
+        search: ``(probs, targets) -> (thresholds, f1)`` run on the validation frames instead of the built-in
+            search (then the range and ``default_threshold`` are unused); e.g. in a bundle
+            ``{"_target_": "monai_vce.postprocessing.grid_thresholds", "_mode_": "callable"}``.
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class ThresholdOptimizationHandler:
         metric_name: str | None = None,
         collector: VideoFrameCollector | None = None,
         name: str | None = None,
+        search: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None,
     ) -> None:
         if write_on not in _WRITE_ON:
             raise ValueError(f"write_on must be one of {_WRITE_ON}, got {write_on!r}")
@@ -102,6 +106,7 @@ class ThresholdOptimizationHandler:
         self._result: tuple[Any, np.ndarray, np.ndarray] | None = None  # (generation, thresholds, f1)
         self.logger = logging.getLogger(name)
         self._name = name
+        self.search = search
 
     def attach(self, engine: Engine) -> None:
         if self._name is None:
@@ -140,6 +145,9 @@ class ThresholdOptimizationHandler:
                 f"ThresholdOptimizationHandler received values outside [0, 1] (min {probs.min():.3g}, max "
                 f"{probs.max():.3g}); pass sigmoid=True when the output holds logits"
             )
+        if self.search is not None:
+            t, f1 = self.search(probs, targets)
+            return np.asarray(t, dtype=np.float64), np.asarray(f1, dtype=np.float64)
         out = optimize_thresholds(
             probs, targets, self.min_threshold, self.max_threshold, self.default_threshold, return_f1=True
         )

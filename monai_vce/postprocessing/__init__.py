@@ -53,7 +53,7 @@ from .gating import (
 from .params import DecoderParams, decoder_params_schema
 from .simulate import NOISE_LEVELS, simulate_probabilities
 from .steps import MAX_FRAMES, ChainStep, Param
-from .thresholds import f1_at_thresholds, load_thresholds, optimize_thresholds, save_thresholds
+from .thresholds import f1_at_thresholds, grid_thresholds, load_thresholds, optimize_thresholds, save_thresholds
 from .tuning import DEFAULT_GRIDS, tune_decoder
 
 __all__ = [
@@ -106,6 +106,7 @@ __all__ = [
     "DEFAULT_GRIDS",
     "tune_decoder",
     "optimize_thresholds",
+    "grid_thresholds",
     "f1_at_thresholds",
     "save_thresholds",
     "load_thresholds",

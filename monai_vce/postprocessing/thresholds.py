@@ -15,7 +15,14 @@ import numpy as np
 from monai_vce.labels import LABELS, label_index
 from monai_vce.utils import atomic_write_json, read_json_file
 
-__all__ = ["DEFAULT_THRESHOLD", "optimize_thresholds", "f1_at_thresholds", "save_thresholds", "load_thresholds"]
+__all__ = [
+    "DEFAULT_THRESHOLD",
+    "optimize_thresholds",
+    "grid_thresholds",
+    "f1_at_thresholds",
+    "save_thresholds",
+    "load_thresholds",
+]
 
 #: Threshold of a class without any usable validation positive (see ``docs/design/decoding.md``).
 DEFAULT_THRESHOLD: float = 0.5
@@ -88,6 +95,61 @@ def optimize_thresholds(
         thresholds[j] = min(max(t, min_threshold), max_threshold)
         best_f1[j] = f1[best]
     return (thresholds, best_f1) if return_f1 else thresholds
+
+
+def grid_thresholds(
+    probs: Any,
+    targets: Any,
+    start: float = 0.15,
+    rare_start: float = 0.05,
+    rare_fraction: float = 0.01,
+    stop: float = 0.85,
+    step: float = 0.02,
+    no_support_threshold: float = 0.2,
+    default_threshold: float = 0.5,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The authors' grid search: per class, the first threshold of ``np.arange(lo, stop, step)`` with the best F1.
+
+    Args:
+        probs: (N, C) probabilities.
+        targets: (N, C) targets, positive where ``>= 0.5``.
+        start: grid start of common classes.
+        rare_start: grid start of rare classes (fewer than ``rare_fraction * N`` positives).
+        rare_fraction: support fraction below which a class is rare.
+        stop: grid end (exclusive, as ``np.arange``).
+        step: grid step.
+        no_support_threshold: threshold of classes without positives.
+        default_threshold: threshold of classes where no grid point has F1 > 0.
+
+    Returns:
+        ``(thresholds, f1)``, both (C,) float64 (f1 is 0 for classes without positives or without F1 > 0).
+    """
+    p, y = _check_inputs(probs, targets)
+    if p.shape[0] == 0 or p.shape[1] == 0:
+        raise ValueError(f"probs and targets must be non-empty, got shape {p.shape}")
+    n, c = p.shape
+    support = y.sum(axis=0)
+    rare = support < n * rare_fraction
+    thresholds = np.full(c, float(default_threshold), dtype=np.float64)
+    best_f1 = np.zeros(c, dtype=np.float64)
+    for lo, cols in ((rare_start, rare & (support > 0)), (start, ~rare & (support > 0))):
+        if not cols.any():
+            continue
+        pc, yc = p[:, cols], y[:, cols]
+        bt = np.full(pc.shape[1], float(default_threshold))
+        bf = np.zeros(pc.shape[1])
+        # strict > over the grid in order: the first best grid point wins, as in the reference
+        for t in np.arange(lo, stop, step):
+            pred = pc >= t
+            tp = (pred & yc).sum(axis=0)
+            denom = pred.sum(axis=0) + yc.sum(axis=0)
+            f = np.where(denom > 0, 2.0 * tp / np.maximum(denom, 1), 0.0)
+            better = f > bf
+            bf = np.where(better, f, bf)
+            bt = np.where(better, t, bt)
+        thresholds[cols], best_f1[cols] = bt, bf
+    thresholds[support == 0] = float(no_support_threshold)
+    return thresholds, best_f1
 
 
 def f1_at_thresholds(probs: Any, targets: Any, thresholds: Any) -> np.ndarray:
