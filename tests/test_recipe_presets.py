@@ -13,7 +13,7 @@ import torch
 from bundle_helpers import CONFIGS, INFERENCE, TRAIN, tiny_config_parser
 
 from monai_vce.data import subsample_frames
-from monai_vce.labels import all_prompts
+from monai_vce.labels import LABELS, all_prompts
 from monai_vce.losses import AsymmetricFocalLoss, BinaryCrossEntropyLoss, class_positive_weights
 from monai_vce.networks import DifferentialAttention, save_tiny_local_dir
 from monai_vce.postprocessing import DecoderParams
@@ -255,3 +255,10 @@ def test_authors_preset_is_the_authors_code(mini_galar, tmp_path, text_tower):
     # their validation share and decoding order
     assert parser.get_parsed_content("val_fraction") == 0.15
     assert parser.get_parsed_content("decoder_tuning") == {"profile": "authors"}
+    # their threshold grid: 0.15 (0.05 for labels under 1 % of the frames) to 0.85 by 0.02, 0.2 without support
+    search = parser.get_parsed_content("validate#threshold_optimizer").search
+    probs = np.tile(np.linspace(0.0, 1.0, 200)[:, None], (1, len(LABELS)))
+    targets = np.zeros_like(probs)
+    targets[150:, 0] = 1  # the scores above 0.75 are the positives of the first label
+    thresholds, _ = search(probs, targets)
+    assert thresholds[0] == pytest.approx(0.75, abs=0.01) and thresholds[1] == pytest.approx(0.2)
