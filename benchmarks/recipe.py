@@ -15,12 +15,17 @@ Arms (the training seed is the only other difference, shared by all arms):
 - ``project + paper attention``: the paper's attention variant (constant lambda_init 0.8, no sub-norm);
 - ``project + positive weights``: the class-frequency positive weights (neg/pos, clipped to [1, 100]);
 - ``project + contrastive``: the contrastive path, 0.4 x binary cross-entropy;
-- ``paper``: the ``paper`` preset.
+- ``project + authors attention``: the authors' code's attention layout (head groups 0..h/2-1 and h/2..h-1);
+- ``project + preserving attention``: the variant that starts as the pretrained attention (lambda pairs equal);
+- ``paper``: the ``paper`` preset (its decoding: the paper's chain with F1 thresholds);
+- ``authors``: ``paper`` + ``authors`` (the authors' code: schedule, mixup, positive weights, grid thresholds,
+  decoding order).
 
 Tiny scale, common to every arm (the presets' sizes are for BiomedCLIP on 3.5 M frames): 64 px, a random-init
 2-block ViT (so the backbone trains at the head's rate, ``backbone_lr_mult`` 1; head rate 3e-3), ``--epochs`` of
 800 sampled frames in batches of 32, EMA 0.95 with a 10-step warm-up, 16 training videos of 300 frames (12 train /
-4 validation) and ``--heldout`` held-out videos, the demo's decoder-tuning settings. Everything else (attention
+4 validation) and ``--heldout`` held-out videos, the demo's decoder-tuning settings under a preset's decoding
+profile. Everything else (attention
 variant, heads, loss, positive weights, contrastive weight, optimizer decay and clipping, one-cycle warm-up
 fraction, mixup, augmentation) comes from the preset. The contrastive path's text embeddings come from the tiny
 model's randomly initialised text tower (computed on first use through the bundle's code path): they exercise
@@ -86,7 +91,10 @@ ARMS: dict[str, tuple[list[str], dict[str, Any]]] = {
     "project + paper attention": ([], {"attention_variant": "paper"}),
     "project + positive weights": ([], {"positive_weights": True}),
     "project + contrastive": ([], {"contrastive_weight": 0.4}),
+    "project + authors attention": ([], {"attention_variant": "authors"}),
+    "project + preserving attention": ([], {"attention_variant": "preserving"}),
     "paper": (["paper.json"], {}),
+    "authors": (["paper.json", "authors.json"], {}),
 }
 
 
@@ -156,8 +164,15 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, data: dict[str, str])
     presets, extra = ARMS[arm]
     presets = [str(CONFIGS / f) for f in presets]
     files = [str(CONFIGS / "train.json"), *presets]
+    scale = tiny_scale(args.epochs)
+    # a preset's decoding profile and prompts are part of it: keep them under the common overrides
+    preset_keys: dict[str, Any] = {}
+    for f in presets:
+        preset_keys.update(json.loads(Path(f).read_text()))
+    scale["decoder_tuning"] = {**scale["decoder_tuning"], **preset_keys.get("decoder_tuning", {})}
+    embeddings = data["text_embeddings"] if "prompt_templates" not in preset_keys else run_dir / "text_embeddings.pt"
     override = {
-        **tiny_scale(args.epochs),
+        **scale,
         **extra,
         "seed": seed,
         "bundle_root": str(BUNDLE),
@@ -165,7 +180,7 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, data: dict[str, str])
         "ckpt_dir": str(run_dir / "models"),
         "output_dir": str(run_dir / "eval"),
         "text_model": data["text_model"],
-        "text_embeddings": data["text_embeddings"],
+        "text_embeddings": str(embeddings),
     }
     if extra.get("train#loss") == "legacy":
         override["train#loss"] = LegacyAsymmetricFocalLoss()
