@@ -61,8 +61,17 @@ def test_structure_messages(obj, message):
         ({"start": 0, "label": ["colon"]}, "missing key 'end'"),
         ({"label": ["colon"]}, "missing keys 'start', 'end'"),
         (
-            {"start": 0, "end": 4, "label": ["colon"], "score": 0.5},
-            "unexpected key 'score' (an event has only 'start', 'end', 'label')",
+            {"start": 0, "end": 4, "label": ["colon"], "confidence": 0.5},
+            "unexpected key 'confidence' (an event has only 'start', 'end', 'label' and an optional 'score')",
+        ),
+        (
+            {"start": 0, "end": 4, "label": ["colon"], "score": "high"},
+            "'score' must be a finite number, got str 'high'",
+        ),
+        ({"start": 0, "end": 4, "label": ["colon"], "score": True}, "'score' must be a finite number, got bool True"),
+        (
+            {"start": 0, "end": 4, "label": ["colon"], "score": float("nan")},
+            "'score' must be a finite number, got float nan",
         ),
         ("colon", "must be a dict with 'start', 'end', 'label', got str 'colon'"),
     ],
@@ -173,3 +182,12 @@ def test_save_events_validates_before_writing(tmp_path):
         save_events(tmp_path / "x.json", GOOD, gt={"videos": [{"video_id": "8", "events": []}]})
     assert not (tmp_path / "x.json").exists()
     assert [p.name for p in path.parent.iterdir()] == ["pred.json"]  # no temporary files left behind
+
+
+def test_a_finite_score_is_the_one_optional_key_and_survives_only_when_asked(tmp_path):
+    obj = one([{"start": 0, "end": 4, "label": ["colon"], "score": np.float32(0.25)}])
+    assert validate_events(obj) == []
+    plain = save_events(tmp_path / "plain.json", obj)
+    assert json.loads(plain.read_text())["videos"][0]["events"][0] == {"start": 0, "end": 4, "label": ["colon"]}
+    scored = save_events(tmp_path / "scored.json", obj, scores=True)
+    assert json.loads(scored.read_text())["videos"][0]["events"][0]["score"] == 0.25

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_EVENTS",
     "EVENT_KEYS",
+    "SCORE_KEY",
     "validate_events",
     "check_events",
     "load_events",
@@ -35,6 +37,8 @@ DEFAULT_MAX_BYTES: int = 512 * 1024**2
 DEFAULT_MAX_EVENTS: int = 2_000_000
 #: The keys of one event in the challenge format.
 EVENT_KEYS: tuple[str, ...] = ("start", "end", "label")
+#: The one optional event key: a finite confidence score (higher = more suspicious); the challenge scorer ignores it.
+SCORE_KEY: str = "score"
 #: How many problems :func:`check_events` spells out before summarising the rest as a count.
 _SHOWN_PROBLEMS = 20
 
@@ -68,7 +72,7 @@ def validate_events(
 
     Checks: the top level is a dict with a ``"videos"`` list; each video is a dict with a non-empty string
     ``video_id`` (unique in the file) and an ``"events"`` list; each event is a dict with the keys ``start``,
-    ``end`` and ``label`` (other keys are reported: the challenge format has only these three); ``start``
+    ``end`` and ``label`` and optionally a finite number ``score`` (other keys are reported); ``start``
     and ``end`` are integers in ``[0, 2**31 - 1]`` (not bool, float or str; the bound keeps every frame exact in the
     metric's arithmetic) with ``start <= end``; ``label`` is a
     list of distinct names from :data:`~monai_vce.labels.LABELS` (exact spelling, as the challenge's scorer
@@ -82,8 +86,8 @@ def validate_events(
         max_events: largest accepted total number of events; ``None`` for no limit.
         max_problems: stop listing after this many problems and append one line counting the rest;
             ``None`` lists all.
-        strict: report keys the challenge format does not have (e.g. an event's ``score``); with ``False``
-            they are tolerated (in-memory decoder output that :func:`to_challenge_format` strips at write time).
+        strict: report keys other than the three and ``score``, and a ``score`` that is not a finite number;
+            with ``False`` they are tolerated (in-memory decoder output that :func:`to_challenge_format` strips at write time).
 
     Returns:
         One message per problem, e.g. ``"video '3' (videos[2]) event 7: start 120 > end 80"``.
@@ -147,8 +151,14 @@ def validate_events(
             if missing:
                 report(f"{at}: missing key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
             for key in event if strict else ():
-                if key not in EVENT_KEYS:
-                    report(f"{at}: unexpected key {short_repr(key, 60)} (an event has only 'start', 'end', 'label')")
+                if key == SCORE_KEY:
+                    if not _is_score(event[key]):
+                        report(f"{at}: 'score' must be a finite number, got {_describe(event[key])}")
+                elif key not in EVENT_KEYS:
+                    report(
+                        f"{at}: unexpected key {short_repr(key, 60)} "
+                        "(an event has only 'start', 'end', 'label' and an optional 'score')"
+                    )
             frames_ok = True
             for key in ("start", "end"):
                 if key not in event:
@@ -268,7 +278,15 @@ def load_events(
     return obj
 
 
-def _plain_event(event: Any) -> Any:
+def _is_score(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float, np.integer, np.floating))
+        and not isinstance(value, (bool, np.bool_))
+        and math.isfinite(float(value))
+    )
+
+
+def _plain_event(event: Any, scores: bool = False) -> Any:
     if not isinstance(event, Mapping):
         return event
     out = {}
@@ -282,18 +300,22 @@ def _plain_event(event: Any) -> Any:
         elif isinstance(value, np.integer):
             value = int(value)
         out[key] = value
+    if scores and SCORE_KEY in event:
+        value = event[SCORE_KEY]
+        out[SCORE_KEY] = float(value) if _is_score(value) else value
     return out
 
 
-def to_challenge_format(obj: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> Any:
-    """Return a copy in the challenge format: only ``start``, ``end``, ``label`` per event.
+def to_challenge_format(obj: Mapping[str, Any] | Iterable[Mapping[str, Any]], scores: bool = False) -> Any:
+    """Return a copy in the challenge format: only ``start``, ``end``, ``label`` per event (and ``score`` if asked).
 
-    Extra keys (such as the ``score`` used for ordering by the decoder) are dropped, numpy integers become
+    Extra keys (the decoder's ``score`` unless ``scores``) are dropped, numpy integers and floats become
     Python ints and label tuples or arrays become lists, so that the result serialises to JSON. Values of the
     wrong kind (a float frame, a string label) are kept as they are for :func:`validate_events` to report.
 
     Args:
         obj: an event JSON object (``{"videos": [...]}``) or a list of events of one video.
+        scores: keep each event's ``score`` (the screening events).
 
     Returns:
         The converted copy, of the same kind as ``obj``.
@@ -307,11 +329,11 @@ def to_challenge_format(obj: Mapping[str, Any] | Iterable[Mapping[str, Any]]) ->
                 vid = v.get("video_id")
                 v = {
                     "video_id": str(vid) if isinstance(vid, (np.str_, np.integer)) else vid,
-                    "events": [_plain_event(e) for e in v["events"]],
+                    "events": [_plain_event(e, scores) for e in v["events"]],
                 }
             videos.append(v)
         return {"videos": videos}
-    return [_plain_event(e) for e in obj]
+    return [_plain_event(e, scores) for e in obj]
 
 
 def save_events(
@@ -321,6 +343,7 @@ def save_events(
     indent: int | None = 2,
     frame_units: FrameUnits | str | None = None,
     videos: Mapping[str, Mapping[str, int]] | None = None,
+    scores: bool = False,
 ) -> Path:
     """Write an event JSON file atomically after converting it with :func:`to_challenge_format` and validating it.
 
@@ -332,6 +355,7 @@ def save_events(
         frame_units: the units of the frames; recorded in the sidecar ``<name>.meta.json``
             (:mod:`monai_vce.events.metadata`), which every writer of the package gives.
         videos: optional per-video ``{"frames", "first", "last"}`` recorded in the sidecar.
+        scores: keep each event's ``score`` (a finite number; the screening events).
 
     Returns:
         The destination path.
@@ -339,7 +363,7 @@ def save_events(
     Raises:
         ValueError: the content is invalid; nothing is written then.
     """
-    data = to_challenge_format(obj)
+    data = to_challenge_format(obj, scores=scores)
     out = atomic_write_json(
         path, data, indent=indent, validate=lambda o: check_events(o, gt=gt, source=str(path), max_events=None)
     )

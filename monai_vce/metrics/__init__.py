@@ -1,5 +1,6 @@
-"""Temporal mAP of event JSON files exactly as the RARE-VISION challenge scores them, and frame-level AP (numpy
-only). Command line: ``python -m monai_vce metrics --gt GT.json --events EVENTS.json``.
+"""Temporal mAP of event JSON files exactly as the RARE-VISION challenge scores them, lesion-level FROC and reading
+workload, and frame-level AP (numpy only). Command line: ``python -m monai_vce metrics --gt GT.json --events
+EVENTS.json [--lesions]``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from monai_vce.events.validation import (
 )
 
 from .frame_average_precision import multilabel_average_precision
+from .lesions import FALSE_ALARM_RATES, LESION_CRITERIA, label_runs, lesion_froc
 from .temporal_map import (
     average_precision,
     segment_tiou,
@@ -27,6 +29,10 @@ from .temporal_map import (
 __all__ = [
     "temporal_map",
     "temporal_map_reference",
+    "lesion_froc",
+    "label_runs",
+    "FALSE_ALARM_RATES",
+    "LESION_CRITERIA",
     "multilabel_average_precision",
     "video_average_precision",
     "average_precision",

@@ -1,5 +1,6 @@
 """Command line ``metrics``: the temporal mAP of an event JSON against a ground truth, as the RARE-VISION challenge
-scores it; prints one JSON object (``mAP@0.5``, ``mAP@0.95``, ``per_label``, ``per_video``, ``frame_units``, ...).
+scores it; prints one JSON object (``mAP@0.5``, ``mAP@0.95``, ``per_label``, ``per_video``, ``frame_units``, ...,
+and with ``--lesions`` the lesion-level FROC of :func:`~monai_vce.metrics.lesion_froc` under ``lesions``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from monai_vce.events.units import FrameUnits
 from monai_vce.events.validation import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, load_events, validate_events
 from monai_vce.utils import atomic_write_json
 
+from .lesions import FALSE_ALARM_RATES, lesion_froc
 from .temporal_map import temporal_map
 
 __all__ = ["add_parser", "main"]
@@ -34,6 +36,22 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--events", required=True, help="event JSON file to score (the prediction)")
     p.add_argument(
         "--tiou-thresholds", type=float, nargs="+", default=[0.5, 0.95], help="tIoU thresholds (default 0.5 0.95)"
+    )
+    p.add_argument(
+        "--lesions",
+        action="store_true",
+        help="also report lesion-level sensitivity at fixed false alarms per exam (FROC) and reading workload, "
+        "for the pathology labels and overall, ranked by the events' 'score'",
+    )
+    p.add_argument(
+        "--false-alarm-rates",
+        type=float,
+        nargs="+",
+        default=list(FALSE_ALARM_RATES),
+        help="false-alarm events per exam of --lesions (default 0.5 1 2 4 8)",
+    )
+    p.add_argument(
+        "--merge-gap", type=int, default=0, help="--lesions: join runs of a label at most this many frames apart"
     )
     p.add_argument("--out", default=None, help="also write the result JSON to this file (atomically)")
     p.add_argument(
@@ -121,6 +139,14 @@ def run(args: argparse.Namespace) -> int:
             result = temporal_map(
                 objs["ground truth"], objs["prediction"], tiou_thresholds=args.tiou_thresholds, validate=False
             )
+            if args.lesions:
+                result["lesions"] = lesion_froc(
+                    objs["ground truth"],
+                    objs["prediction"],
+                    false_alarm_rates=args.false_alarm_rates,
+                    merge_gap=args.merge_gap,
+                    validate=False,
+                )
         except ValueError as e:
             problems.append(str(e))
     if problems:  # every problem of the files, one line each
