@@ -121,6 +121,7 @@ def test_unscored_events_form_one_operating_point():
     o = lesion_froc(GT, pred, labels=["ulcer"])["overall"]["overlap"]
     assert o["sensitivity"] == {"0.5": 0.5, "1": 0.5, "2": 0.5, "4": 0.5, "8": 0.5}
     assert o["score_threshold"]["0.5"] is None and o["events_shown"]["0.5"] == 2
+    assert o["all_events"]["sensitivity"] == 0.5 and o["all_events"]["false_alarms_per_exam"] == 0.5
 
 
 def _reference(gt, pred, label, rate):

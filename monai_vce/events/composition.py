@@ -249,7 +249,9 @@ def events_to_frames(events: Iterable[Mapping[str, Any]], frame_ids: np.ndarray)
     return out
 
 
-def event_json(videos: Mapping[str, Sequence[Mapping[str, Any]]], challenge_format: bool = True) -> dict[str, Any]:
+def event_json(
+    videos: Mapping[str, Sequence[Mapping[str, Any]]], challenge_format: bool = True, scores: bool = False
+) -> dict[str, Any]:
     """Build an event JSON object ``{"videos": [{"video_id", "events"}]}`` from ``{video_id: events}``.
 
     Args:
@@ -257,6 +259,7 @@ def event_json(videos: Mapping[str, Sequence[Mapping[str, Any]]], challenge_form
             events are to be listed (the scorer reads them in that order).
         challenge_format: drop keys other than ``start``/``end``/``label`` (e.g. ``score``) with
             :func:`to_challenge_format`; ``False`` keeps the events as they are.
+        scores: with ``challenge_format``, keep each event's ``score`` (the screening events).
     """
     out = {"videos": [{"video_id": str(vid), "events": list(events)} for vid, events in videos.items()]}
-    return to_challenge_format(out) if challenge_format else out
+    return to_challenge_format(out, scores=scores) if challenge_format else out

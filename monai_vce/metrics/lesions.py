@@ -124,7 +124,7 @@ def _froc(
     out["froc_score"] = None if n_lesions == 0 else float(np.mean(sens))
     total_frames = sum(_covered_frames(seg) for seg, _ in shown)
     out["all_events"] = {
-        "sensitivity": float(np.isfinite(lesion_scores).mean()) if n_lesions else None,
+        "sensitivity": float((lesion_scores > -np.inf).mean()) if n_lesions else None,
         "false_alarms_per_exam": len(fa_scores) / num_exams,
         "events_shown": len(all_scores),
         "workload_frames_per_exam": total_frames / num_exams,

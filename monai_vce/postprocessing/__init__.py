@@ -41,7 +41,7 @@ from .chain import (
     run_chain,
     threshold_mask,
 )
-from .decoder import EventDecoder, decode_videos, event_confidence, load_decoder
+from .decoder import EventDecoder, decode_videos, event_confidence, event_scores, load_decoder
 from .gating import (
     apply_presence_rules,
     column_presence,
@@ -51,6 +51,7 @@ from .gating import (
     video_folds,
 )
 from .params import DecoderParams, decoder_params_schema
+from .screening import SCREENING_THRESHOLDS, screening_operating_point, tune_screening
 from .simulate import NOISE_LEVELS, simulate_probabilities
 from .steps import MAX_FRAMES, ChainStep, Param
 from .thresholds import f1_at_thresholds, grid_thresholds, load_thresholds, optimize_thresholds, save_thresholds
@@ -100,11 +101,15 @@ __all__ = [
     "decoder_params_schema",
     "EventDecoder",
     "event_confidence",
+    "event_scores",
     "decode_videos",
     "load_decoder",
     "DEFAULT_ANATOMY_GRID",
     "DEFAULT_GRIDS",
     "tune_decoder",
+    "tune_screening",
+    "screening_operating_point",
+    "SCREENING_THRESHOLDS",
     "optimize_thresholds",
     "grid_thresholds",
     "f1_at_thresholds",

@@ -31,6 +31,7 @@ __all__ = [
     "EventDecoder",
     "check_probabilities",
     "event_confidence",
+    "event_scores",
     "decode_videos",
     "load_decoder",
 ]
@@ -147,16 +148,25 @@ class EventDecoder:
         return self(video.probs, video.frame_ids(units), video_id=str(video.video_id))
 
     def compose(self, mask: np.ndarray, frame_ids: np.ndarray, probs: np.ndarray) -> list[dict[str, Any]]:
-        """Compose events from a final mask and order them by confidence."""
+        """Compose events from a final mask and order them by confidence (scored when ``params["scores"]``)."""
         p = self.params
         start, stop, member = compose_runs(mask, p["composition"])
         ranking = p["ranking"]
-        if ranking != "none" and start.size >= 2:
+        scored = bool(p.get("scores", False))
+        csum = None
+        if (ranking != "none" and start.size >= 2) or (scored and start.size):
             csum = np.zeros((probs.shape[0] + 1, NUM_LABELS))
             np.cumsum(probs, axis=0, out=csum[1:])
+        if ranking != "none" and start.size >= 2 and csum is not None:
             order = confidence_order(run_confidence(csum, start, stop, member, ranking), start)
             start, stop, member = start[order], stop[order], member[order]
-        return runs_to_events(frame_ids, start, stop, member)
+        events = runs_to_events(frame_ids, start, stop, member)
+        if scored and csum is not None:
+            for event, score in zip(
+                events, event_scores(csum, start, stop, member, p.per_label("threshold")), strict=True
+            ):
+                event["score"] = score
+        return events
 
 
 def event_confidence(
@@ -178,6 +188,26 @@ def event_confidence(
     return run_confidence(csum, start, stop, member, ranking)
 
 
+def event_scores(
+    csum: np.ndarray, start: np.ndarray, stop: np.ndarray, member: np.ndarray, thresholds: np.ndarray
+) -> list[float]:
+    """Score of each run: over its labels, the highest logit margin of the label's mean probability over the run
+    above the label's threshold (``logit(mean) - logit(threshold)``; comparable across labels, 0 at the threshold).
+
+    Args:
+        csum: ``(T + 1, 17)`` cumulative sums of the probabilities, ``csum[0] == 0``.
+        start: first row of each run.
+        stop: one-past-last row of each run.
+        member: ``(N, 17)`` bool, the labels of each run.
+        thresholds: ``(17,)`` per-label thresholds.
+    """
+    eps = 1e-6
+    mean = np.clip((csum[stop] - csum[start]) / (stop - start)[:, None], eps, 1 - eps)
+    th = np.clip(np.asarray(thresholds, dtype=np.float64), eps, 1 - eps)
+    margin = np.log(mean / (1 - mean)) - np.log(th / (1 - th))[None, :]
+    return [round(float(x), 6) for x in np.where(member, margin, -np.inf).max(axis=1)]
+
+
 def decode_videos(
     videos: Mapping[str, Video] | Iterable[Video],
     decoder: EventDecoder | DecoderParams | Mapping | str | os.PathLike | None = None,
@@ -191,13 +221,15 @@ def decode_videos(
         frame_units: the frame ids the events count in; ``None`` takes the decoder's ``frame_units``.
 
     Returns:
-        ``{"videos": [{"video_id": str, "events": [...]}]}`` with each video's events most confident first.
+        ``{"videos": [{"video_id": str, "events": [...]}]}`` with each video's events most confident first; each
+        event carries its ``score`` when the parameters' ``scores`` is on (the screening profile).
     """
     if not isinstance(decoder, EventDecoder):
         decoder = EventDecoder(decoder)
     units = decoder.params.frame_units if frame_units is None else frame_units
     items = videos.values() if isinstance(videos, Mapping) else videos
-    return event_json({str(v.video_id): decoder.decode(v, units) for v in items})
+    events = {str(v.video_id): decoder.decode(v, units) for v in items}
+    return event_json(events, scores=bool(decoder.params.get("scores", False)))
 
 
 def load_decoder(path: str | os.PathLike | None, untuned: str | os.PathLike | None = None) -> EventDecoder:

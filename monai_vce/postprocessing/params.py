@@ -39,7 +39,7 @@ __all__ = ["DECODER_PARAMS_VERSION", "FRAME_UNITS", "DecoderParams", "decoder_pa
 DECODER_PARAMS_VERSION = 1
 #: Accepted values of ``frame_units``.
 FRAME_UNITS: tuple[str, ...] = tuple(u.value for u in FrameUnits)
-_TOP_KEYS = ("version", "labels", "order", "composition", "ranking", "frame_units", "anatomy", "fit")
+_TOP_KEYS = ("version", "labels", "order", "composition", "ranking", "frame_units", "anatomy", "scores", "fit")
 
 
 def label_param_names() -> tuple[str, ...]:
@@ -122,6 +122,7 @@ def decoder_params_schema() -> dict[str, Any]:
             "ranking": {"enum": list(RANKINGS)},
             "frame_units": {"enum": list(FRAME_UNITS)},
             "anatomy": anatomy,
+            "scores": {"type": "boolean"},
             "fit": {"type": "object"},
         },
         "additionalProperties": False,
@@ -248,6 +249,7 @@ class DecoderParams(Mapping[str, Any]):
                      "skip_cost": float, "backward_cost": float, "entry_cost": float | null,
                      "landmark_window": {"<landmark>": int in [0, 1e7]}, "gate_landmarks": bool,
                      "pathology_sections": {"<pathology>": ["<section>", ...]}},
+         "scores": bool,  # optional (false): events carry "score", the screening profile's
          "fit": {...}}   # optional, free-form record of how the parameters were fitted
 
     The object is read-only (``params["labels"]["ulcer"]["threshold"]``); derive changed parameters with

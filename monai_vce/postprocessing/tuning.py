@@ -30,6 +30,7 @@ from .gating import (
     presence_features,
     video_folds,
 )
+from .screening import tune_screening
 from .steps import Param
 
 __all__ = [
@@ -57,11 +58,12 @@ DEFAULT_GRIDS: dict[str, tuple] = default_grids()
 
 _SECTION_SET = set(SECTIONS)
 
-#: The fixed chain orders of :func:`tune_decoder`'s ``profile``s that fit nothing but the thresholds of ``base``
-#: (``"challenge"`` tunes everything): the paper's text, and the authors' code (runs shorter than 3 frames dropped
-#: before gaps of up to 5 frames are filled).
+#: :func:`tune_decoder`'s ``profile``s: the fixed chain orders of those that fit nothing but the thresholds of
+#: ``base`` (the paper's text, and the authors' code: runs shorter than 3 frames dropped before gaps of up to 5
+#: frames are filled); ``None`` for ``"challenge"`` (tunes everything) and ``"screening"`` (its own fit).
 DECODER_PROFILES: dict[str, tuple[str, ...] | None] = {
     "challenge": None,
+    "screening": None,
     "paper": PAPER_ORDER,
     "authors": ("threshold", "median", "min_length", "fill_gaps"),
 }
@@ -333,6 +335,7 @@ def tune_decoder(
     presence_cv_z: float = 1.0,
     seed: int = 0,
     profile: str = "challenge",
+    false_alarms_per_exam: float = 2.0,
     verbose: bool = False,
 ) -> DecoderParams:
     """Fit the decoder's parameters on validation videos by maximising temporal mAP (see ``docs/design/decoding.md``).
@@ -373,6 +376,9 @@ def tune_decoder(
             gaps <= 5 filled, runs < 3 frames dropped, label-set runs in time order, no anatomy decoding or
             gating), nothing tuned; ``"authors"``: the same steps in the authors' code's order
             (:data:`DECODER_PROFILES`). Both only score the chain on ``videos``; the tuning arguments are unused.
+            ``"screening"``: :func:`~monai_vce.postprocessing.tune_screening` from ``base`` (no label silenced,
+            scored events, pathology thresholds fitted to ``false_alarms_per_exam``).
+        false_alarms_per_exam: the screening profile's false-alarm budget (events per exam, all pathology labels).
         verbose: print progress.
 
     Returns:
@@ -383,6 +389,8 @@ def tune_decoder(
     if profile not in DECODER_PROFILES:
         raise ValueError(f"profile: unknown decoder profile {profile!r}; expected one of {list(DECODER_PROFILES)}")
     units = as_frame_units(frame_units)
+    if profile == "screening":
+        return tune_screening(videos, base, false_alarms_per_exam, units)
     vids = [_Video(v, units) for v in (videos.values() if isinstance(videos, Mapping) else videos)]
     if not vids:
         raise ValueError("tune_decoder needs at least one validation video")
