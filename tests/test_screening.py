@@ -18,6 +18,7 @@ from monai_vce.postprocessing import (
     event_scores,
     screening_operating_point,
     tune_decoder,
+    tune_screening,
 )
 from monai_vce.postprocessing.screening import _allocate
 
@@ -44,7 +45,8 @@ def _videos(n=4, T=400, seed=0):
 
 def test_screening_fits_a_budget_scores_events_and_silences_no_label():
     videos = _videos()
-    params = tune_decoder(videos, profile="screening", false_alarms_per_exam=0.0)
+    # 400-frame videos: the lesions are 10 % of the frames; the workload cap is the next test's subject
+    params = tune_screening(videos, false_alarms_per_exam=0.0, max_frames_share=1.0)
     assert params["composition"] == "per_label" and params["scores"] is True
     assert all(params["labels"][n]["presence"]["feature"] == "none" for n in LABELS)
     # zero false alarms: the ulcer threshold above the 0.3 bump, blood above 0.2
@@ -60,25 +62,48 @@ def test_screening_fits_a_budget_scores_events_and_silences_no_label():
     assert froc["overall"]["overlap"]["sensitivity"]["0.5"] == 1.0
 
     # a budget of one false alarm per exam lets the ulcer threshold fall below the bump: still every lesion
-    loose = tune_decoder(videos, profile="screening", false_alarms_per_exam=1.0)
+    loose = tune_screening(videos, false_alarms_per_exam=1.0, max_frames_share=1.0)
     assert loose["fit"]["screening"]["expected"]["sensitivity"] == 1.0
     assert loose["fit"]["screening"]["expected"]["false_alarms_per_exam"] <= 1.0
 
 
 def test_operating_point_moves_with_the_budget_from_the_recorded_curves(tmp_path):
     videos = _videos()
-    params = tune_decoder(videos, profile="screening", false_alarms_per_exam=0.0)
+    params = tune_screening(videos, false_alarms_per_exam=0.0, max_frames_share=1.0)
     path = params.save(tmp_path / "screening.json")
     moved = screening_operating_point(DecoderParams.load(path), 2.0)
     assert moved["fit"]["false_alarms_per_exam"] == 2.0
     assert moved["labels"]["ulcer"]["threshold"] <= params["labels"]["ulcer"]["threshold"]
     assert moved["fit"]["screening"]["expected"]["false_alarms_per_exam"] <= 2.0
-    refit = tune_decoder(videos, profile="screening", false_alarms_per_exam=2.0)
+    refit = tune_screening(videos, false_alarms_per_exam=2.0, max_frames_share=1.0)
     assert moved["labels"] == refit["labels"]
     with pytest.raises(ValueError, match="not screening parameters"):
         screening_operating_point(DecoderParams(), 1.0)
     with pytest.raises(ValueError, match="false_alarms_per_exam"):
         screening_operating_point(params, -1.0)
+
+
+def test_a_segment_over_the_whole_exam_does_not_buy_the_lesions():
+    T, videos = 4000, []
+    for i in range(3):
+        probs = np.full((T, len(LABELS)), 0.001, dtype=np.float32)
+        probs[:, ULCER] = 0.04  # below every threshold from 0.05 up, above those to 0.03: one exam-long run
+        events = [{"start": 0, "end": T - 1, "label": ["stomach"]}]
+        for s in (500, 2500):
+            probs[s : s + 20, ULCER] = 0.1
+            events.append({"start": s, "end": s + 19, "label": ["ulcer"]})
+        probs[3500:3510, ULCER] = 0.3
+        videos.append(Video(f"w{i}", probs, np.arange(T), np.arange(T), events=events))
+    # without a cap, the exam-long run finds both lesions for no false alarm
+    free = tune_screening(videos, false_alarms_per_exam=0.0, max_frames_share=1.0)
+    assert free["labels"]["ulcer"]["threshold"] <= 0.03
+    capped = tune_screening(videos, false_alarms_per_exam=0.0, max_frames_share=0.02)
+    assert capped["labels"]["ulcer"]["threshold"] > 0.3  # the lesions cost the bump's false alarm: none fits
+    one = tune_screening(videos, false_alarms_per_exam=1.0, max_frames_share=0.02)
+    assert 0.03 < one["labels"]["ulcer"]["threshold"] <= 0.1
+    assert one["fit"]["screening"]["expected"] == {"false_alarms_per_exam": 1.0, "sensitivity": 1.0}
+    with pytest.raises(ValueError, match="max_frames_share"):
+        tune_screening(videos, max_frames_share=0.0)
 
 
 def test_allocation_is_the_best_choice_within_the_budget():

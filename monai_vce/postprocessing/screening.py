@@ -37,19 +37,23 @@ _PATHOLOGY_COLUMNS = np.array([LABELS.index(n) for n in PATHOLOGY])
 
 def _label_curves(
     videos: Sequence[Video], base: DecoderParams, frame_units: FrameUnits, grid: np.ndarray
-) -> dict[str, dict[str, Any]]:
-    """Per pathology label and candidate threshold: false-alarm segments and lesions found, summed over videos."""
+) -> tuple[dict[str, dict[str, Any]], int]:
+    """Per pathology label and candidate threshold: false-alarm segments, lesions found and frames shown, summed
+    over videos; and the videos' frames in all."""
     cols = np.repeat(_PATHOLOGY_COLUMNS, len(grid))
     values = {step.param.name: base.per_label(step.param.name)[cols] for step in CHAIN_STEPS.values()}
     values["threshold"] = np.tile(grid, len(_PATHOLOGY_COLUMNS))
     anatomy = base["anatomy"] if base["anatomy"]["enabled"] else None
     fa = np.zeros((len(PATHOLOGY), len(grid)), dtype=np.int64)
     found = np.zeros_like(fa)
+    shown = np.zeros_like(fa)
     total = np.zeros(len(PATHOLOGY), dtype=np.int64)
+    frames = 0
     for v in videos:
         probs, ids = check_probabilities(v.probs, v.frame_ids(frame_units), str(v.video_id))
         if probs.shape[0] == 0:
             continue
+        frames += int(ids[-1] - ids[0] + 1)
         sections = section_sequence(probs, anatomy) if anatomy is not None else None
         masks = decode_columns(probs, cols, values, base["order"], anatomy, sections)
         k, start, stop = run_bounds(masks)
@@ -60,33 +64,48 @@ def _label_curves(
             for g in range(len(grid)):
                 sel = k == j * len(grid) + g
                 s, e = first[sel], last[sel]
+                shown[j, g] += int((e - s + 1).sum())  # one label's runs do not overlap
                 if len(lesions) == 0:
                     fa[j, g] += len(s)
                     continue
                 hit = (s[:, None] <= lesions[None, :, 1]) & (e[:, None] >= lesions[None, :, 0])
                 fa[j, g] += int((~hit.any(axis=1)).sum())
                 found[j, g] += int(hit.any(axis=0).sum())
-    return {
+    curves = {
         name: {
             "thresholds": [float(t) for t in grid],
             "false_alarms": fa[j].tolist(),
             "lesions_found": found[j].tolist(),
+            "frames_shown": shown[j].tolist(),
             "lesions": int(total[j]),
         }
         for j, name in enumerate(PATHOLOGY)
     }
+    return curves, frames
 
 
-def _allocate(curves: Mapping[str, Mapping[str, Any]], budget: float) -> dict[str, float]:
+def _allocate(
+    curves: Mapping[str, Mapping[str, Any]], budget: float, max_frames: float | None = None
+) -> dict[str, float]:
     """Thresholds that find the most lesions in all with at most ``budget`` false alarms in all (exact knapsack).
 
     Every label shows something: each spends at least its fewest false alarms, and the budget left is shared
-    out (when the fewest already exceed the budget, every label takes its fewest). Ties prefer fewer false alarms,
-    then higher thresholds.
+    out (when the fewest already exceed the budget, every label takes its fewest). A threshold showing more than
+    ``max_frames`` frames of its label is left out (one segment over a whole exam would find every lesion of
+    it for one false alarm), except the one showing fewest. Ties prefer fewer false alarms, then higher
+    thresholds.
     """
     names = list(curves)
-    fas = [np.asarray(curves[n]["false_alarms"], dtype=np.int64) for n in names]
-    fds = [np.asarray(curves[n]["lesions_found"], dtype=np.int64) for n in names]
+    fas, fds = [], []
+    for n in names:
+        fa = np.asarray(curves[n]["false_alarms"], dtype=np.int64)
+        fd = np.asarray(curves[n]["lesions_found"], dtype=np.int64)
+        if max_frames is not None and "frames_shown" in curves[n]:
+            frames = np.asarray(curves[n]["frames_shown"], dtype=np.float64)
+            keep = (frames <= max_frames) | (frames == frames.min())
+            fa = np.where(keep, fa, np.iinfo(np.int64).max // 4)  # never fits
+        fas.append(fa)
+        fds.append(fd)
     floors = [int(fa.min()) for fa in fas]
     cap = max(math.floor(budget + 1e-9) - sum(floors), 0)
     # best[b] = (lesions found, -extra false alarms, choices) over the labels so far, with at most b extra
@@ -125,7 +144,8 @@ def screening_operating_point(params: DecoderParams, false_alarms_per_exam: floa
     if not math.isfinite(false_alarms_per_exam) or false_alarms_per_exam < 0:
         raise ValueError(f"false_alarms_per_exam must be a non-negative number, got {false_alarms_per_exam!r}")
     curves = fit["screening"]["curves"]
-    chosen = _allocate(curves, false_alarms_per_exam * fit["videos"])
+    max_frames = fit["screening"].get("max_frames_share", 1.0) * fit["screening"].get("frames", 0)
+    chosen = _allocate(curves, false_alarms_per_exam * fit["videos"], max_frames or None)
     data = params.to_dict()
     for name, t in chosen.items():
         data["labels"][name]["threshold"] = t
@@ -154,6 +174,7 @@ def tune_screening(
     false_alarms_per_exam: float = 2.0,
     frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
     thresholds: Sequence[float] = SCREENING_THRESHOLDS,
+    max_frames_share: float = 0.01,
 ) -> DecoderParams:
     """Fit the screening profile: every label shown, scored events, pathology thresholds fitted to a budget.
 
@@ -169,6 +190,8 @@ def tune_screening(
         false_alarms_per_exam: the false-alarm budget of the operating point.
         frame_units: the frame ids of the events.
         thresholds: candidate thresholds of each pathology label.
+        max_frames_share: largest share of the validation frames one pathology label's events may cover at the
+            operating point (the reading workload; the threshold showing fewest frames is always allowed).
 
     Returns:
         :class:`DecoderParams` with ``fit`` recording the profile, the budget, the validation curves (so that
@@ -194,15 +217,22 @@ def tune_screening(
         data["labels"][name]["presence"] = {"feature": "none"}
     data.update(composition="per_label", ranking="mean", scores=True, frame_units=units.value)
     params = DecoderParams(data, source="screening parameters")
-    curves = _label_curves(vids, params, units, grid)
-    chosen = _allocate(curves, false_alarms_per_exam * len(vids))
+    if not 0 < max_frames_share <= 1:
+        raise ValueError(f"max_frames_share must be in (0, 1], got {max_frames_share!r}")
+    curves, frames = _label_curves(vids, params, units, grid)
+    chosen = _allocate(curves, false_alarms_per_exam * len(vids), max_frames_share * frames)
     for name, t in chosen.items():
         data["labels"][name]["threshold"] = t
     data["fit"] = {
         "profile": "screening",
         "videos": len(vids),
         "false_alarms_per_exam": float(false_alarms_per_exam),
-        "screening": {"curves": curves, "expected": _expected(curves, chosen, len(vids))},
+        "screening": {
+            "curves": curves,
+            "frames": frames,
+            "max_frames_share": float(max_frames_share),
+            "expected": _expected(curves, chosen, len(vids)),
+        },
         "seconds": round(time.perf_counter() - t0, 1),
     }
     return DecoderParams(data, source="screening parameters")
