@@ -65,6 +65,9 @@ def test_screening_fits_a_budget_scores_events_and_silences_no_label():
     loose = tune_screening(videos, false_alarms_per_exam=1.0, max_frames_share=1.0)
     assert loose["fit"]["screening"]["expected"]["sensitivity"] == 1.0
     assert loose["fit"]["screening"]["expected"]["false_alarms_per_exam"] <= 1.0
+    # the contract's entry point is tune_decoder(profile="screening")
+    via = tune_decoder(videos, profile="screening", false_alarms_per_exam=1.0)
+    assert via["labels"] == tune_screening(videos, false_alarms_per_exam=1.0)["labels"]
 
 
 def test_operating_point_moves_with_the_budget_from_the_recorded_curves(tmp_path):
