@@ -19,6 +19,7 @@ from monai_vce.events.probabilities import completed_videos, model_fingerprint, 
 from monai_vce.inference.driver import check_reduction
 from monai_vce.networks.backbone import check_backbone
 from monai_vce.postprocessing.decoder import load_decoder as decoder_params
+from monai_vce.postprocessing.screening import load_screening_decoder as screening_decoder
 from monai_vce.report.evaluation import datalist_ground_truth as ground_truth
 from monai_vce.report.evaluation import evaluation_report
 from monai_vce.stages import main_process
@@ -37,6 +38,7 @@ __all__ = [
     "completed_videos",
     "ensure_mini_galar",
     "decoder_params",
+    "screening_decoder",
     "check_folder",
     "check_backbone",
     "ground_truth",
@@ -66,6 +68,10 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     "events_file": _PATH,
     "model_file": _PATH,
     "decoder_params": ("path", {"optional": True}),
+    "screening_decoder_params": ("path", {"optional": True}),
+    "screening_events_file": _PATH,
+    "screening": _BOOL,
+    "false_alarms_per_exam": ("number", {"minimum": 0, "maximum": 1e6, "optional": True}),
     "video_cache_dir": ("path", {"optional": True}),
     "batch_size": _COUNT,
     "val_batch_size": _COUNT,

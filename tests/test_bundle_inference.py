@@ -146,3 +146,28 @@ def test_resume_never_reuses_probabilities_of_another_model(tmp_path):
     # a file written without a source (an older file, another tool) is not taken for this model's either
     save_video_probs(probs / "1.npz", video)
     assert len(pending_frames(data, probs, source=model_fingerprint(model))) == 3
+
+
+def test_training_fits_the_screening_decoder_and_inference_writes_both_event_files(inferred, mini_galar, tmp_path):
+    from monai_vce.metrics import load_events
+    from monai_vce.postprocessing import DecoderParams
+
+    run, out, log = inferred
+    screening = DecoderParams.load(run["models"] / "screening_decoder.json")
+    assert screening["fit"]["profile"] == "screening" and screening["fit"]["false_alarms_per_exam"] == 2.0
+    assert screening["scores"] is True
+    challenge = load_events(out / "events.json")
+    assert all(set(e) == {"start", "end", "label"} for v in challenge["videos"] for e in v["events"])
+    scored = load_events(out / "screening_events.json")  # validated on load: 'score' is a finite number
+    assert [v["video_id"] for v in scored["videos"]] == [v["video_id"] for v in challenge["videos"]]
+    events = [e for v in scored["videos"] for e in v["events"]]
+    assert events and all(isinstance(e["score"], float) and len(e["label"]) == 1 for e in events)
+    assert (out / "screening_events.meta.json").is_file() and "screening_events.json" in log
+
+    # another operating point from the recorded curves, and the screening file switched off
+    moved = tmp_path / "moved"
+    run_in_process(_infer_args(run, mini_galar / "frames", moved, "--false_alarms_per_exam", "8"))
+    assert load_events(moved / "screening_events.json")["videos"]
+    off = tmp_path / "off"
+    run_in_process(_infer_args(run, mini_galar / "frames", off, "--screening", "false"))
+    assert (off / "events.json").is_file() and not (off / "screening_events.json").exists()

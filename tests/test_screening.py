@@ -154,3 +154,22 @@ def test_scores_key_is_validated_and_off_by_default(tmp_path):
         DecoderParams({"scores": "yes"})
     p = DecoderParams({"scores": True}).save(tmp_path / "d.json")
     assert json.loads(p.read_text())["scores"] is True
+
+
+def test_load_screening_decoder(tmp_path):
+    from monai_vce.postprocessing import load_screening_decoder
+
+    missing = tmp_path / "screening_decoder.json"
+    with pytest.warns(UserWarning, match="no screening events are written"):
+        assert load_screening_decoder(missing) is None
+    with pytest.raises(FileNotFoundError, match="screening_decoder.json not found"):
+        load_screening_decoder(missing, required=True)
+    assert load_screening_decoder(None) is None and load_screening_decoder("") is None
+    DecoderParams().save(tmp_path / "challenge.json")
+    with pytest.raises(ValueError, match="not screening parameters"):
+        load_screening_decoder(tmp_path / "challenge.json")
+    params = tune_screening(_videos(), false_alarms_per_exam=0.0, max_frames_share=1.0)
+    params.save(missing)
+    assert load_screening_decoder(missing).params == DecoderParams.load(missing)
+    moved = load_screening_decoder(missing, false_alarms_per_exam=2.0).params
+    assert moved["fit"]["false_alarms_per_exam"] == 2.0

@@ -61,6 +61,10 @@ class DecoderTuningHandler:
         pred_key: key of the ``(B, 17)`` probabilities in the engine output, for an own collector.
         label_key: key of the ``(B, 17)`` targets in the engine output (or the batch), for an own collector.
         name: logger name (``None``: the engine's logger).
+        screening_file: also fit the screening profile (``tune_decoder(profile="screening")``, from the fitted
+            challenge parameters) on all videos and write it here, e.g. ``<ckpt_dir>/screening_decoder.json``;
+            ``None``: not fitted.
+        screening_kwargs: more keyword arguments of the screening fit (``false_alarms_per_exam``, ...).
 
     Attributes:
         params: the last parameters fitted on all videos (``None`` before the first fit).
@@ -82,6 +86,8 @@ class DecoderTuningHandler:
         pred_key: str = "pred",
         label_key: str = "label",
         name: str | None = None,
+        screening_file: str | os.PathLike | None = None,
+        screening_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         if write_on not in _WRITE_ON:
             raise ValueError(f"write_on must be one of {_WRITE_ON}, got {write_on!r}")
@@ -96,6 +102,8 @@ class DecoderTuningHandler:
                 "decoder would be fitted in other units than the ground truth it is scored against"
             )
         self.params_file = Path(params_file)
+        self.screening_file = None if screening_file in (None, "") else Path(screening_file)  # type: ignore[arg-type]
+        self.screening_kwargs = dict(screening_kwargs or {})
         self.write_on = write_on
         self.collector = collector
         self.frame_units = collector.frame_units
@@ -191,6 +199,17 @@ class DecoderTuningHandler:
         self.logger.info(
             f"decoder tuned on {len(inputs)} validation videos{score}, parameters saved: {self.params_file}"
         )
+        if self.screening_file is not None:
+            screening = tune_decoder(
+                dict(inputs), base=params, profile="screening", frame_units=self.frame_units, **self.screening_kwargs
+            )
+            screening.save(self.screening_file)
+            expected = screening["fit"]["screening"]["expected"]
+            self.logger.info(
+                f"screening decoder fitted at {screening['fit']['false_alarms_per_exam']:g} false alarms per exam "
+                f"(validation: {expected['false_alarms_per_exam']:.2f} per exam, lesion sensitivity "
+                f"{expected['sensitivity']:.3f}), saved: {self.screening_file}"
+            )
         return params
 
     def attach(self, engine: Engine) -> None:

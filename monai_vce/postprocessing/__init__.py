@@ -51,7 +51,7 @@ from .gating import (
     video_folds,
 )
 from .params import DecoderParams, decoder_params_schema
-from .screening import SCREENING_THRESHOLDS, screening_operating_point, tune_screening
+from .screening import SCREENING_THRESHOLDS, load_screening_decoder, screening_operating_point, tune_screening
 from .simulate import NOISE_LEVELS, simulate_probabilities
 from .steps import MAX_FRAMES, ChainStep, Param
 from .thresholds import f1_at_thresholds, grid_thresholds, load_thresholds, optimize_thresholds, save_thresholds
@@ -109,6 +109,7 @@ __all__ = [
     "tune_decoder",
     "tune_screening",
     "screening_operating_point",
+    "load_screening_decoder",
     "SCREENING_THRESHOLDS",
     "optimize_thresholds",
     "grid_thresholds",

@@ -9,7 +9,9 @@ lesions with at most ``false_alarms_per_exam`` false-alarm events per exam in al
 from __future__ import annotations
 
 import math
+import os
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,9 +24,9 @@ from ..labels import LABELS, PATHOLOGY
 from ..metrics.lesions import label_runs
 from .chain import CHAIN_STEPS
 from .core import decode_columns, section_sequence
-from .decoder import DecoderParams, check_probabilities
+from .decoder import DecoderParams, EventDecoder, check_probabilities
 
-__all__ = ["SCREENING_THRESHOLDS", "tune_screening", "screening_operating_point"]
+__all__ = ["SCREENING_THRESHOLDS", "tune_screening", "screening_operating_point", "load_screening_decoder"]
 
 #: Candidate operating thresholds of a pathology label (low values: a screen shows weak evidence too).
 SCREENING_THRESHOLDS: tuple[float, ...] = (
@@ -236,3 +238,37 @@ def tune_screening(
         "seconds": round(time.perf_counter() - t0, 1),
     }
     return DecoderParams(data, source="screening parameters")
+
+
+def load_screening_decoder(
+    path: str | os.PathLike | None, false_alarms_per_exam: float | None = None, required: bool = False
+) -> EventDecoder | None:
+    """The screening decoder of a parameter file, at its fitted budget or moved to ``false_alarms_per_exam``.
+
+    Args:
+        path: the file written by training (``<ckpt_dir>/screening_decoder.json``); ``None`` or ``""``: none.
+        false_alarms_per_exam: another operating point (:func:`screening_operating_point`); ``None`` keeps it.
+        required: a missing file is an error; otherwise ``None`` is returned with a warning (a model trained
+            without the screening fit still gives its challenge events).
+
+    Raises:
+        FileNotFoundError: ``required`` and the file does not exist.
+        ValueError: the file is not screening parameters, or a negative budget.
+    """
+    if path is None or str(path) == "":
+        return None
+    if not os.path.isfile(path):
+        msg = (
+            f"screening decoder {path} not found; train or evaluate the bundle to fit it (decoder_tuner's "
+            "screening_file), or pass --screening False"
+        )
+        if required:
+            raise FileNotFoundError(msg)
+        warnings.warn(msg + ": no screening events are written", stacklevel=2)
+        return None
+    params = DecoderParams.load(path)
+    if params.get("fit", {}).get("profile") != "screening":
+        raise ValueError(f"{path}: not screening parameters (fit them with tune_decoder(profile='screening'))")
+    if false_alarms_per_exam is not None:
+        params = screening_operating_point(params, float(false_alarms_per_exam))
+    return EventDecoder(params)

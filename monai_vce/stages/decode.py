@@ -64,6 +64,7 @@ def write_events(
     events_file: PathLike,
     frame_units: FrameUnits | str | None = None,
     videos: Mapping[str, Mapping[str, int]] | None = None,
+    scores: bool = False,
 ) -> Path | None:
     """Write decoded events ``{video_id: events}`` (in listing order) as an event JSON, atomically (rank 0 only).
 
@@ -72,6 +73,7 @@ def write_events(
         events_file: the JSON path.
         frame_units: recorded in the units sidecar ``<name>.meta.json`` (``None``: no sidecar).
         videos: per-video ``{"frames", "first", "last"}`` recorded in the sidecar.
+        scores: keep each event's ``score`` (the screening events); otherwise the challenge's three keys.
 
     Returns:
         The JSON path, or ``None`` on other ranks.
@@ -82,7 +84,7 @@ def write_events(
     if not main_process():
         return None
     obj = event_json(events, challenge_format=False)
-    return save_events(events_file, obj, frame_units=frame_units, videos=videos)
+    return save_events(events_file, obj, frame_units=frame_units, videos=videos, scores=scores)
 
 
 def decode(
@@ -94,6 +96,8 @@ def decode(
     log: Callable[[str], Any] | None = None,
 ) -> Path | None:
     """Decode every ``<probs_dir>/<video_id>.npz`` and write the event JSON with its units sidecar (rank 0 only).
+
+    Events keep their ``score`` when the decoder parameters' ``scores`` is on (the screening profile).
 
     Reads one video at a time (memory bounded by the longest video); a video without frames gets no events.
 
@@ -127,7 +131,9 @@ def decode(
         events[vid] = list(decoder(video.probs, frame_ids, video_id=vid)) if len(video) else []
         if len(video):
             frames[vid] = {"frames": len(video), "first": int(frame_ids[0]), "last": int(frame_ids[-1])}
-    path = write_events(events, events_file, frame_units=units, videos=frames)
+    params = getattr(decoder, "params", None)
+    scores = isinstance(params, DecoderParams) and bool(params.get("scores", False))
+    path = write_events(events, events_file, frame_units=units, videos=frames, scores=scores)
     assert path is not None  # the main process, checked above
     n_events = sum(len(v) for v in events.values())
     (log or logger.info)(f"wrote {n_events} events of {len(events)} videos: {describe_events_file(path, units)}")
