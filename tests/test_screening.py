@@ -162,7 +162,7 @@ def test_load_screening_decoder(tmp_path):
     missing = tmp_path / "screening_decoder.json"
     with pytest.warns(UserWarning, match="no screening events are written"):
         assert load_screening_decoder(missing) is None
-    with pytest.raises(FileNotFoundError, match="screening_decoder.json not found"):
+    with pytest.raises(FileNotFoundError, match=r"screening_decoder\.json not found"):
         load_screening_decoder(missing, required=True)
     assert load_screening_decoder(None) is None and load_screening_decoder("") is None
     DecoderParams().save(tmp_path / "challenge.json")
