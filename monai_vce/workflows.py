@@ -71,6 +71,7 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     "screening_decoder_params": ("path", {"optional": True}),
     "screening_events_file": _PATH,
     "screening": _BOOL,
+    "review_events": ("str", {"choices": ("screening", "challenge")}),
     "false_alarms_per_exam": ("number", {"minimum": 0, "maximum": 1e6, "optional": True}),
     "video_cache_dir": ("path", {"optional": True}),
     "batch_size": _COUNT,

@@ -332,3 +332,21 @@ def test_a_100000_frame_exam_opens_in_under_3_seconds(browser, tmp_path_factory,
     assert elapsed < limit, f"the 100,000-frame exam took {elapsed:.2f} s to open"
     assert browser.execute_script("return vceReview.T") == n
     assert _errors(browser) == []
+
+
+def test_screening_scores_show_on_the_event_cards(browser, site):
+    from monai_vce.review import write_review_site
+
+    events = site["pred"]["videos"][0]["events"]
+    scored = [dict(e, score=round(2.0 - 0.5 * k, 2)) for k, e in enumerate(events)]
+    pred = {"videos": [{"video_id": site["pred"]["videos"][0]["video_id"], "events": scored}]}
+    index = write_review_site(pred, site["data"], site["root"] / "scored_site", probs_dir=site["root"] / "probs",
+                              progress=False)  # fmt: skip
+    browser.execute_script("window.localStorage.clear()")
+    _open(browser, Path(index).parent / "exams" / f"{Path(_exam_page(site, pred['videos'][0]['video_id'])).name}")
+    badges = [b.text for b in browser.find_elements(By.CSS_SELECTOR, ".badge.score")]
+    assert badges[:2] == ["score 2.00", "score 1.50"] and len(badges) == len(scored)
+    assert _errors(browser) == []
+    # an unscored site (the challenge events) shows no score badge
+    _open(browser, _exam_page(site, pred["videos"][0]["video_id"]))
+    assert browser.find_elements(By.CSS_SELECTOR, ".badge.score") == []

@@ -58,6 +58,9 @@ def test_screening_fits_a_budget_scores_events_and_silences_no_label():
     pred = decode_videos(videos, EventDecoder(params))
     events = [e for v in pred["videos"] for e in v["events"]]
     assert events and all(isinstance(e["score"], float) for e in events)
+    for v in pred["videos"]:  # listed most suspicious first
+        scores = [e["score"] for e in v["events"]]
+        assert scores == sorted(scores, reverse=True)
     froc = lesion_froc({"videos": [{"video_id": v.video_id, "events": v.events} for v in videos]}, pred)
     assert froc["overall"]["overlap"]["sensitivity"]["0.5"] == 1.0
 

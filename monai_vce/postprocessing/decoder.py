@@ -148,24 +148,25 @@ class EventDecoder:
         return self(video.probs, video.frame_ids(units), video_id=str(video.video_id))
 
     def compose(self, mask: np.ndarray, frame_ids: np.ndarray, probs: np.ndarray) -> list[dict[str, Any]]:
-        """Compose events from a final mask and order them by confidence (scored when ``params["scores"]``)."""
+        """Compose events from a final mask and order them by confidence; with ``params["scores"]`` each event
+        carries its ``score`` (:func:`event_scores`) and the order is by score."""
         p = self.params
         start, stop, member = compose_runs(mask, p["composition"])
         ranking = p["ranking"]
-        scored = bool(p.get("scores", False))
-        csum = None
-        if (ranking != "none" and start.size >= 2) or (scored and start.size):
-            csum = np.zeros((probs.shape[0] + 1, NUM_LABELS))
-            np.cumsum(probs, axis=0, out=csum[1:])
-        if ranking != "none" and start.size >= 2 and csum is not None:
-            order = confidence_order(run_confidence(csum, start, stop, member, ranking), start)
+        scored = bool(p.get("scores", False)) and start.size > 0
+        if not scored and (ranking == "none" or start.size < 2):
+            return runs_to_events(frame_ids, start, stop, member)
+        csum = np.zeros((probs.shape[0] + 1, NUM_LABELS))
+        np.cumsum(probs, axis=0, out=csum[1:])
+        score = event_scores(csum, start, stop, member, p.per_label("threshold")) if scored else None
+        if ranking != "none" and start.size >= 2:
+            conf = np.asarray(score) if score is not None else run_confidence(csum, start, stop, member, ranking)
+            order = confidence_order(conf, start)
             start, stop, member = start[order], stop[order], member[order]
+            score = None if score is None else [score[i] for i in order]
         events = runs_to_events(frame_ids, start, stop, member)
-        if scored and csum is not None:
-            for event, score in zip(
-                events, event_scores(csum, start, stop, member, p.per_label("threshold")), strict=True
-            ):
-                event["score"] = score
+        for event, value in zip(events, score or (), strict=False):
+            event["score"] = value
         return events
 
 

@@ -118,6 +118,8 @@ def _event_entries(ids: np.ndarray, probs: np.ndarray, events: Sequence[Mapping[
         s, t = int(first[k]), int(last[k])
         labels = [n for n in LABELS if n in {str(x).strip().lower() for x in e["label"]}]
         entry: dict[str, Any] = {"start": int(e["start"]), "end": int(e["end"]), "label": labels, "s": s, "e": t}
+        if isinstance(e.get("score"), (int, float)):
+            entry["score"] = float(e["score"])  # the screening events' rank, shown on each card
         if k < thumbs and t >= s:
             p = peak_row(probs, s, t, labels)
             between = np.linspace(s, t, 6)[1:-1].round().astype(np.int64).tolist() if t - s > 1 else []

@@ -144,6 +144,7 @@
   function initialEvents(list) {
     return list.map(function (e, i) {
       return { k: i, label: e.label.slice(), start: e.start, end: e.end, s: e.s, e: e.e,
+               score: typeof e.score === "number" ? e.score : null,
                status: "pending", added: false, edited: false };
     });
   }
@@ -662,6 +663,9 @@
       el("span", { className: "ev-rank", text: ev.added ? "new" : "#" + (ev.k + 1) })
     ].concat(ev.label.map(function (n) { return self.chip(n); })).concat([
       el("span", { className: "spacer" }),
+      ev.score !== null && ev.score !== undefined ?
+        el("span", { className: "badge score", text: "score " + ev.score.toFixed(2),
+                     title: "screening score: logit margin over the label's operating threshold" }) : null,
       ev.edited && !ev.added ? el("span", { className: "badge edited", text: "edited" }) : null,
       el("span", { className: "badge " + ev.status, text: status })
     ]));
