@@ -123,6 +123,16 @@ def test_evaluation_scores_the_validation_videos(tmp_path_factory, mini_galar):
     in_sample = json.loads((out / "in_sample" / "metrics.json").read_text())
     assert in_sample["protocol"].startswith("in sample") and 0.0 <= in_sample["mAP@0.5"] <= 1.0
     assert load_events(out / "in_sample" / "val_events.json")["videos"]
+    # lesion-level metrics in every report; the screening events scored apart, in sample and said so
+    from monai_vce.metrics import lesion_froc
+
+    assert metrics["lesions"] == json.loads(json.dumps(lesion_froc(gt, pred)))
+    assert "lesion_sensitivity@4FA" in proc.stdout
+    screening = json.loads((out / "in_sample" / "screening" / "metrics.json").read_text())
+    assert screening["protocol"].startswith("in sample: decoded with models/screening_decoder.json")
+    scored = load_events(out / "in_sample" / "screening_val_events.json")
+    assert all("score" in e for v in scored["videos"] for e in v["events"])
+    assert screening["lesions"]["overall"]["overlap"]["lesions"] == metrics["lesions"]["overall"]["overlap"]["lesions"]
 
 
 def test_resume_never_reuses_probabilities_of_another_model(tmp_path):

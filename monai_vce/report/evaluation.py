@@ -18,7 +18,7 @@ from monai_vce.events.metadata import recorded_frame_units
 from monai_vce.events.probabilities import load_video_probs, probability_file
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import LABELS
-from monai_vce.metrics import temporal_map
+from monai_vce.metrics import lesion_froc, temporal_map
 from monai_vce.metrics.frame_average_precision import multilabel_average_precision
 from monai_vce.report.summary import write_report
 from monai_vce.utils import atomic_write_json
@@ -89,7 +89,8 @@ def evaluation_report(
     """Score an evaluation's event JSON against the ground truth; print and save the result.
 
     Writes ``<output_dir>/ground_truth.json`` (with its frame units beside it, ``ground_truth.meta.json``) and
-    ``<output_dir>/metrics.json`` (the :func:`monai_vce.metrics.temporal_map` result, plus ``frame_AP``: the
+    ``<output_dir>/metrics.json`` (the :func:`monai_vce.metrics.temporal_map` result, plus ``lesions``: the
+    :func:`monai_vce.metrics.lesion_froc` result of the pathology labels, and ``frame_AP``: the
     frame-level average precision of each label, ``None`` for a label without positive frames, when ``probs_dir``
     is given; and ``frame_units``), and the report of :func:`monai_vce.report.write_report` under ``report_dir``
     (default ``<output_dir>/val_report``, apart from the ``report`` folder of an inference run in the same
@@ -133,6 +134,7 @@ def evaluation_report(
         gt = {"videos": [v for v in ground_truth["videos"] if str(v["video_id"]) in wanted]}
     pred = load_events(events_file)
     result = temporal_map(gt, pred)
+    result["lesions"] = lesion_froc(gt, pred, validate=False)
     if protocol is not None:
         result["protocol"] = protocol
     if probs_dir is not None:
@@ -141,6 +143,10 @@ def evaluation_report(
     save_events(out / "ground_truth.json", gt, frame_units=units)
     atomic_write_json(out / "metrics.json", result)
     summary = {k: result[k] for k in ("mAP@0.5", "mAP@0.95", "protocol") if k in result}
+    overlap = result["lesions"]["overall"]["overlap"]
+    summary["lesion_sensitivity@4FA"] = overlap["sensitivity"]["4"]
+    summary["lesion_sensitivity_all_events"] = overlap["all_events"]["sensitivity"]
+    summary["false_alarms_per_exam_all_events"] = overlap["all_events"]["false_alarms_per_exam"]
     print(
         json.dumps(
             {"events_file": str(events_file), "frame_units": units.value, "videos": len(gt["videos"]), **summary}
