@@ -142,7 +142,7 @@ def evaluation_report(
     result["frame_units"] = units.value
     save_events(out / "ground_truth.json", gt, frame_units=units)
     atomic_write_json(out / "metrics.json", result)
-    summary = {k: result[k] for k in ("mAP@0.5", "mAP@0.95", "protocol") if k in result}
+    summary: dict[str, Any] = {k: result[k] for k in ("mAP@0.5", "mAP@0.95", "protocol") if k in result}
     overlap = result["lesions"]["overall"]["overlap"]
     summary["lesion_sensitivity@4FA"] = overlap["sensitivity"]["4"]
     summary["lesion_sensitivity_all_events"] = overlap["all_events"]["sensitivity"]
