@@ -262,3 +262,27 @@ def test_end_to_end_processes(tmp_path):
     expected = json.loads((tmp_path / "expected.meta.json").read_text())
     assert sidecar.pop("events_file") == "events.json" and expected.pop("events_file") == "expected.json"
     assert sidecar == expected
+
+
+def test_decode_with_a_screening_decoder_keeps_scores_and_moves_its_operating_point(tmp_path):
+    from monai_vce.events import Video
+    from monai_vce.labels import LABELS
+    from monai_vce.postprocessing import DecoderParams, tune_screening
+
+    probs = _probs(tmp_path / "probs")
+    T, ulcer = 300, LABELS.index("ulcer")
+    p = np.full((T, len(LABELS)), 0.01, dtype=np.float32)
+    p[100:120, ulcer], p[200:205, ulcer] = 0.8, 0.3
+    video = Video("v", p, np.arange(T), np.arange(T), events=[{"start": 100, "end": 119, "label": ["ulcer"]}])
+    tune_screening([video], false_alarms_per_exam=0.0, max_frames_share=1.0).save(tmp_path / "screening.json")
+    code, out, err = _cli("decode", "--probs-dir", probs, "--decoder", tmp_path / "screening.json", "--out",
+                          tmp_path / "s.json")  # fmt: skip
+    assert code == 0, err
+    events = [e for v in json.loads((tmp_path / "s.json").read_text())["videos"] for e in v["events"]]
+    assert events and all(isinstance(e["score"], float) for e in events)
+    argv = ["decode", "--probs-dir", probs, "--out", tmp_path / "m.json", "--false-alarms-per-exam"]
+    code, out, err = _cli(*argv, "4", "--decoder", tmp_path / "screening.json")
+    assert code == 0 and json.loads(out)["events"] >= 0, err
+    DecoderParams().save(tmp_path / "challenge.json")
+    code, out, err = _cli(*argv, "4", "--decoder", tmp_path / "challenge.json")
+    assert code == BAD_INPUT and out == "" and "not screening parameters" in err and len(err.strip().splitlines()) == 1

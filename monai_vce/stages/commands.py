@@ -15,6 +15,7 @@ import torch
 
 from monai_vce.events.metadata import read_frame_units
 from monai_vce.events.units import FrameUnits
+from monai_vce.postprocessing.screening import load_screening_decoder
 from monai_vce.temporal.refiner import TemporalRefiner, load_refiner_file
 
 from .decode import decode
@@ -46,6 +47,13 @@ def add_decode_parser(subparsers: Any) -> argparse.ArgumentParser:
         choices=[u.value for u in FrameUnits],
         help="frame ids of the events (default: those the decoder parameters were fitted in, else frame_index)",
     )
+    p.add_argument(
+        "--false-alarms-per-exam",
+        type=float,
+        default=None,
+        help="with a screening decoder (screening_decoder.json): its operating point at this many false alarms per "
+        "exam, from the validation curves it recorded (default: the budget it was fitted at)",
+    )
     p.set_defaults(run=run_decode)
     return p
 
@@ -54,8 +62,11 @@ def run_decode(args: argparse.Namespace) -> dict[str, Any]:
     """Decode ``args.probs_dir`` into ``args.out``; returns the printed summary (videos, events, frame units)."""
     if not Path(args.probs_dir).is_dir():  # the stage decodes a missing folder as no videos: here it is a typo
         raise FileNotFoundError(f"probability folder {args.probs_dir} not found")
+    decoder = args.decoder
+    if args.false_alarms_per_exam is not None:
+        decoder = load_screening_decoder(args.decoder, args.false_alarms_per_exam, required=True)
     path = decode(
-        args.probs_dir, args.out, decoder=args.decoder, videos=args.videos, frame_units=args.frame_units, log=_stderr
+        args.probs_dir, args.out, decoder=decoder, videos=args.videos, frame_units=args.frame_units, log=_stderr
     )
     if path is None:  # pragma: no cover (another rank of a distributed run)
         return {"out": None}
