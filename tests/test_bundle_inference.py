@@ -133,6 +133,11 @@ def test_evaluation_scores_the_validation_videos(tmp_path_factory, mini_galar):
     scored = load_events(out / "in_sample" / "screening_val_events.json")
     assert all("score" in e for v in scored["videos"] for e in v["events"])
     assert screening["lesions"]["overall"]["overlap"]["lesions"] == metrics["lesions"]["overall"]["overlap"]["lesions"]
+    # every metric split by capsule system too (the generator's metadata names them)
+    from monai_vce.data.synthetic import CAPSULES
+
+    assert metrics["per_capsule"] and set(metrics["per_capsule"]) <= set(CAPSULES)
+    assert sum(g["videos"] for g in metrics["per_capsule"].values()) == len(gt["videos"])
 
 
 def test_resume_never_reuses_probabilities_of_another_model(tmp_path):

@@ -192,3 +192,16 @@ def test_command_line_adds_the_lesion_block(tmp_path, capsys):
     assert "merge_gap" in capsys.readouterr().err
     assert metrics_main(["--gt", str(gt), "--events", str(pred)]) == 0
     assert "lesions" not in json.loads(capsys.readouterr().out)
+
+
+def test_metrics_by_group_split_by_capsule():
+    from monai_vce.metrics import metrics_by_group, temporal_map
+
+    by = metrics_by_group(GT, PRED, {"a": "PillCam SB3", "b": "NaviCam"})
+    assert list(by) == ["NaviCam", "PillCam SB3"]
+    a = temporal_map({"videos": [GT["videos"][0]]}, {"videos": [PRED["videos"][0]]})
+    assert by["PillCam SB3"]["mAP@0.5"] == a["mAP@0.5"] and by["PillCam SB3"]["videos"] == 1
+    # exam a alone: lesion 10-19 found at 0.9, the 0.8 segment one false alarm (1 per exam)
+    assert by["PillCam SB3"]["lesions"] == 2 and by["PillCam SB3"]["lesion_sensitivity"]["1"] == 0.5
+    assert by["NaviCam"]["lesions"] == 0 and by["NaviCam"]["false_alarms_per_exam_all_events"] == 1.0
+    assert set(metrics_by_group(GT, PRED, {})) == {"unknown"}

@@ -201,3 +201,41 @@ def test_subsample_frames_keeps_every_nth_frame_file_of_each_video():
             subsample_frames(data, bad)
     with pytest.raises(ValueError, match="video v3: a frame has neither"):
         subsample_frames([{"video_id": "v3"}], 2)
+
+
+def test_leave_one_capsule_out():
+    from monai_vce.data import video_capsules
+
+    data = [
+        {"video_id": v, "capsule": c, "frame_index": i, "label": [0.0] * len(LABELS)}
+        for v, c in (("a", "PillCam SB3"), ("b", "NaviCam"), ("c", "PillCam SB3"), ("d", "NaviCam"), ("e", None))
+        for i in range(3)
+    ]
+    assert video_capsules(data) == {
+        "a": "PillCam SB3",
+        "b": "NaviCam",
+        "c": "PillCam SB3",
+        "d": "NaviCam",
+        "e": "unknown",
+    }
+    train, val = split_videos(data, held_out_capsule="NaviCam")
+    assert {d["video_id"] for d in val} == {"b", "d"} and {d["video_id"] for d in train} == {"a", "c", "e"}
+    assert len(train) + len(val) == len(data)
+    with pytest.raises(ValueError, match=r"'OMOM': no video .*capsules: \['NaviCam', 'PillCam SB3', 'unknown'\]"):
+        split_videos(data, held_out_capsule="OMOM")
+    with pytest.raises(ValueError, match="every video"):
+        split_videos([d for d in data if d["video_id"] in ("b", "d")], held_out_capsule="NaviCam")
+
+
+def test_the_bundle_setting_leaves_a_capsule_out(mini_galar, tmp_path):
+    from bundle_helpers import TRAIN, tiny_config_parser
+
+    from monai_vce.data import video_capsules
+
+    parser = tiny_config_parser([TRAIN], mini_galar, tmp_path)
+    caps = video_capsules(parser.get_parsed_content("datalist"))
+    held = sorted(set(caps.values()))[0]
+    parser = tiny_config_parser([TRAIN], mini_galar, tmp_path, held_out_capsule=held)
+    train, val = parser.get_parsed_content("split")
+    assert {d["video_id"] for d in val} == {v for v, c in caps.items() if c == held}
+    assert {d["video_id"] for d in train} == {v for v, c in caps.items() if c != held}

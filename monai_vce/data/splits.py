@@ -19,6 +19,7 @@ __all__ = [
     "video_rows",
     "video_ids",
     "video_label_presence",
+    "video_capsules",
     "assign_video_groups",
     "repair_video_groups",
     "split_videos",
@@ -80,6 +81,14 @@ def video_label_presence(datalist: Sequence[dict]) -> tuple[list[str], np.ndarra
         if labelled:
             presence[i] = (np.asarray(labelled, dtype=np.float32) > 0.5).any(axis=0)
     return ids, presence
+
+
+def video_capsules(datalist: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """``{video_id: capsule}`` from a frame datalist (a video's first frame; ``"unknown"`` when not given)."""
+    caps: dict[str, str] = {}
+    for d in datalist:
+        caps.setdefault(str(d["video_id"]), str(d.get("capsule") or "unknown"))
+    return caps
 
 
 def _capsule_columns(datalist: Sequence[dict], ids: list[str]) -> np.ndarray:
@@ -218,6 +227,7 @@ def split_videos(
     val_fraction: float = 0.2,
     seed: int = 0,
     stratify_capsule: bool = True,
+    held_out_capsule: str | None = None,
 ) -> tuple[list[dict], list[dict]]:
     """Split a frame datalist into train and validation datalists by whole videos.
 
@@ -227,10 +237,26 @@ def split_videos(
             are two or more videos.
         seed: split seed; the same seed and videos give the same split.
         stratify_capsule: also spread capsule systems over both sides (after the labels).
+        held_out_capsule: leave one capsule system out: every video of this ``capsule`` is validation and
+            every other video training (``val_fraction``, ``seed`` and ``stratify_capsule`` unused).
 
     Returns:
         ``(train, val)`` datalists, items in their original order.
+
+    Raises:
+        ValueError: a bad fraction, fewer than 2 videos, or a held-out capsule that no video (or every video) has.
     """
+    if held_out_capsule not in (None, ""):
+        caps = video_capsules(datalist)
+        val_ids = {v for v, c in caps.items() if c == str(held_out_capsule)}
+        if not val_ids or len(val_ids) == len(caps):
+            known = sorted(set(caps.values()))
+            what = "no video" if not val_ids else "every video"
+            raise ValueError(
+                f"held_out_capsule {held_out_capsule!r}: {what} of the datalist has it (capsules: {known}); "
+                "leaving one capsule out needs videos of it and of another"
+            )
+        return _subset(datalist, set(caps) - val_ids), _subset(datalist, val_ids)
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     ids, presence = video_label_presence(datalist)

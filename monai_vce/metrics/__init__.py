@@ -16,6 +16,7 @@ from monai_vce.events.validation import (
 )
 
 from .frame_average_precision import multilabel_average_precision
+from .groups import metrics_by_group
 from .lesions import FALSE_ALARM_RATES, LESION_CRITERIA, label_runs, lesion_froc
 from .temporal_map import (
     average_precision,
@@ -30,6 +31,7 @@ __all__ = [
     "temporal_map",
     "temporal_map_reference",
     "lesion_froc",
+    "metrics_by_group",
     "label_runs",
     "FALSE_ALARM_RATES",
     "LESION_CRITERIA",

@@ -11,14 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from monai_vce.data.splits import group_by_video
+from monai_vce.data.splits import group_by_video, video_capsules
 from monai_vce.events import load_events, save_events
 from monai_vce.events.ground_truth import ground_truth_events
 from monai_vce.events.metadata import recorded_frame_units
 from monai_vce.events.probabilities import load_video_probs, probability_file
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import LABELS
-from monai_vce.metrics import lesion_froc, temporal_map
+from monai_vce.metrics import lesion_froc, metrics_by_group, temporal_map
 from monai_vce.metrics.frame_average_precision import multilabel_average_precision
 from monai_vce.report.summary import write_report
 from monai_vce.utils import atomic_write_json
@@ -90,7 +90,8 @@ def evaluation_report(
 
     Writes ``<output_dir>/ground_truth.json`` (with its frame units beside it, ``ground_truth.meta.json``) and
     ``<output_dir>/metrics.json`` (the :func:`monai_vce.metrics.temporal_map` result, plus ``lesions``: the
-    :func:`monai_vce.metrics.lesion_froc` result of the pathology labels, and ``frame_AP``: the
+    :func:`monai_vce.metrics.lesion_froc` result of the pathology labels, ``per_capsule``: the
+    :func:`monai_vce.metrics.metrics_by_group` of the datalist's capsules, and ``frame_AP``: the
     frame-level average precision of each label, ``None`` for a label without positive frames, when ``probs_dir``
     is given; and ``frame_units``), and the report of :func:`monai_vce.report.write_report` under ``report_dir``
     (default ``<output_dir>/val_report``, apart from the ``report`` folder of an inference run in the same
@@ -135,6 +136,7 @@ def evaluation_report(
     pred = load_events(events_file)
     result = temporal_map(gt, pred)
     result["lesions"] = lesion_froc(gt, pred, validate=False)
+    result["per_capsule"] = metrics_by_group(gt, pred, video_capsules(datalist), validate=False)
     if protocol is not None:
         result["protocol"] = protocol
     if probs_dir is not None:
