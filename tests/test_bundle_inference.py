@@ -118,6 +118,7 @@ def test_evaluation_scores_the_validation_videos(tmp_path_factory, mini_galar):
 
     assert list(metrics["frame_AP"]) == list(LABELS)
     assert all(v is None or 0.0 <= v <= 1.0 for v in metrics["frame_AP"].values())
+    assert list(metrics["frame_ECE"]) == list(LABELS) and all(0.0 <= v <= 1.0 for v in metrics["frame_ECE"].values())
     # held out by default, and said so; decoder.json's own (in-sample) score apart, labelled
     assert metrics["protocol"].startswith("held out")
     in_sample = json.loads((out / "in_sample" / "metrics.json").read_text())

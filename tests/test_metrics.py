@@ -555,3 +555,25 @@ def test_ignite_metric_scores_its_tiou_threshold_first_in_the_given_units():
     assert metric.collector.frame_units is FrameUnits.FRAME_NUMBER
     with pytest.raises(ValueError, match="frame_units must be one of"):
         TemporalMAPMetric(frame_units="frames")
+
+
+def test_expected_calibration_error_by_hand():
+    from monai_vce.metrics import expected_calibration_error
+
+    # class 0: bin [0.2, 0.4) holds 0.3, 0.3 with one positive -> |0.6 - 1| = 0.4; bin [0.8, 1] holds 0.9, 0.9 with
+    # two positives -> |1.8 - 2| = 0.2; ECE = (0.4 + 0.2) / 4. Class 1: perfectly calibrated 0 / 1.
+    probs = np.array([[0.3, 0.0], [0.3, 1.0], [0.9, 0.0], [0.9, 1.0]])
+    targets = np.array([[1, 0], [0, 1], [1, 0], [1, 1]])
+    ece = expected_calibration_error(probs, targets, bins=5)
+    assert ece == pytest.approx([0.15, 0.0])
+    # a reference loop over bins with the same edges
+    rng = np.random.default_rng(0)
+    p, t = rng.random((500, 3)), rng.random((500, 3)) < 0.3
+    ref = []
+    for c in range(3):
+        b = np.minimum((p[:, c] * 10).astype(int), 9)
+        ref.append(sum(abs(p[b == k, c].sum() - t[b == k, c].sum()) for k in range(10)) / 500)
+    assert expected_calibration_error(p, t, bins=10) == pytest.approx(ref)
+    assert np.isnan(expected_calibration_error(np.zeros((0, 2)), np.zeros((0, 2)))).all()
+    with pytest.raises(ValueError, match="bins"):
+        expected_calibration_error(probs, targets, bins=0)

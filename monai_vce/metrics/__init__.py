@@ -15,6 +15,7 @@ from monai_vce.events.validation import (
     validate_events,
 )
 
+from .calibration import expected_calibration_error
 from .frame_average_precision import multilabel_average_precision
 from .groups import metrics_by_group
 from .lesions import FALSE_ALARM_RATES, LESION_CRITERIA, label_runs, lesion_froc
@@ -36,6 +37,7 @@ __all__ = [
     "FALSE_ALARM_RATES",
     "LESION_CRITERIA",
     "multilabel_average_precision",
+    "expected_calibration_error",
     "video_average_precision",
     "average_precision",
     "segment_tiou",

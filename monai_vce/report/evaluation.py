@@ -19,6 +19,7 @@ from monai_vce.events.probabilities import load_video_probs, probability_file
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import LABELS
 from monai_vce.metrics import lesion_froc, metrics_by_group, temporal_map
+from monai_vce.metrics.calibration import expected_calibration_error
 from monai_vce.metrics.frame_average_precision import multilabel_average_precision
 from monai_vce.report.summary import write_report
 from monai_vce.utils import atomic_write_json
@@ -63,16 +64,23 @@ def datalist_ground_truth(
     return {"videos": videos}
 
 
-def _frame_ap(datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike) -> dict[str, float | None]:
-    """Frame-level average precision per label of the probability files against the datalist's labels."""
+def _frame_metrics(datalist: Sequence[Mapping[str, Any]], probs_dir: PathLike) -> dict[str, dict[str, float | None]]:
+    """Frame-level average precision and calibration error per label of the probability files against the
+    datalist's labels: ``{"frame_AP": {label: AP}, "frame_ECE": {label: ECE}}``."""
     probs, targets = [], []
     for vid, items in group_by_video(datalist).items():
         rows = {int(d["frame_index"]): d["label"] for d in items}
         v = load_video_probs(probability_file(probs_dir, vid))
         probs.append(v.probs)
         targets.append(np.asarray([rows[int(i)] for i in v.frame_index], dtype=np.float32))
-    ap = multilabel_average_precision(np.concatenate(probs), np.concatenate(targets))
-    return {name: (None if np.isnan(a) else float(a)) for name, a in zip(LABELS, ap, strict=True)}
+    p, t = np.concatenate(probs), np.concatenate(targets)
+    out = {}
+    for key, values in (
+        ("frame_AP", multilabel_average_precision(p, t)),
+        ("frame_ECE", expected_calibration_error(p, t)),
+    ):
+        out[key] = {name: (None if np.isnan(a) else float(a)) for name, a in zip(LABELS, values, strict=True)}
+    return out
 
 
 def evaluation_report(
@@ -91,7 +99,8 @@ def evaluation_report(
     Writes ``<output_dir>/ground_truth.json`` (with its frame units beside it, ``ground_truth.meta.json``) and
     ``<output_dir>/metrics.json`` (the :func:`monai_vce.metrics.temporal_map` result, plus ``lesions``: the
     :func:`monai_vce.metrics.lesion_froc` result of the pathology labels, ``per_capsule``: the
-    :func:`monai_vce.metrics.metrics_by_group` of the datalist's capsules, and ``frame_AP``: the
+    :func:`monai_vce.metrics.metrics_by_group` of the datalist's capsules, ``frame_ECE``: the expected calibration
+    error of each label's frame probabilities, and ``frame_AP``: the
     frame-level average precision of each label, ``None`` for a label without positive frames, when ``probs_dir``
     is given; and ``frame_units``), and the report of :func:`monai_vce.report.write_report` under ``report_dir``
     (default ``<output_dir>/val_report``, apart from the ``report`` folder of an inference run in the same
@@ -140,7 +149,7 @@ def evaluation_report(
     if protocol is not None:
         result["protocol"] = protocol
     if probs_dir is not None:
-        result["frame_AP"] = _frame_ap(datalist, probs_dir)
+        result.update(_frame_metrics(datalist, probs_dir))
     result["frame_units"] = units.value
     save_events(out / "ground_truth.json", gt, frame_units=units)
     atomic_write_json(out / "metrics.json", result)
