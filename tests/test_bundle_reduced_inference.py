@@ -171,7 +171,9 @@ def test_two_processes(runs, mini_galar, tmp_path, reduced):
         a, b = load_video_probs(path), load_video_probs(out / "probs" / path.name)
         np.testing.assert_allclose(a.probs, b.probs, atol=1e-6)  # batches are composed otherwise on two ranks
         assert a.source == b.source and ((a.inferred is None) == (b.inferred is None) == (not reduced)), vid
-    assert log.count(" events of 4 videos: ") == 1  # the events are written once (rank 0)
+    assert (out / "screening_events.json").read_bytes() == (reference / "screening_events.json").read_bytes()
+    # each event file is written once (rank 0): the challenge events and the screening events
+    assert log.count(" events of 4 videos: ") == 2 and log.count("/screening_events.json (") == 1
     if reduced:  # every video inferred once, by one rank: one line per video, one summary of all ranks
         k = strided_rows(60, 4).size
         for vid in _files(out):
