@@ -92,10 +92,8 @@ def video_capsules(datalist: Sequence[Mapping[str, Any]]) -> dict[str, str]:
 
 
 def _capsule_columns(datalist: Sequence[dict], ids: list[str]) -> np.ndarray:
-    caps: dict[str, str] = {}
-    for d in datalist:
-        caps.setdefault(str(d["video_id"]), str(d.get("capsule", "")))
-    names = sorted({c for c in caps.values() if c and c != "unknown"})
+    caps = video_capsules(datalist)
+    names = sorted({c for c in caps.values() if c != "unknown"})
     out = np.zeros((len(ids), len(names)), dtype=bool)
     for i, vid in enumerate(ids):
         if caps.get(vid) in names:

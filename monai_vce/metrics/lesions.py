@@ -45,14 +45,21 @@ def label_runs(
     seg = np.asarray([(e["start"], e["end"]) for e in picked], dtype=np.int64)
     score = np.asarray([float(e.get(score_key, math.inf)) for e in picked])
     order = np.lexsort((seg[:, 1], seg[:, 0]))
-    seg, score = seg[order], score[order]
+    joined, starts = _join(seg[order], merge_gap)
+    return joined, np.maximum.reduceat(score[order], starts)
+
+
+def _join(seg: np.ndarray, gap: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Join ``(N, 2)`` inclusive segments sorted by start that are at most ``gap`` frames apart.
+
+    Returns:
+        ``(joined (M, 2), first)``: the joined segments and the index of each one's first segment.
+    """
     # a run starts where the frame after the largest end so far, plus the gap, is still before its start
     reach = np.maximum.accumulate(seg[:, 1])
-    new = np.r_[True, seg[1:, 0] > reach[:-1] + 1 + merge_gap]
-    starts = np.flatnonzero(new)
+    starts = np.flatnonzero(np.r_[True, seg[1:, 0] > reach[:-1] + 1 + gap])
     ends = np.r_[starts[1:], len(seg)] - 1
-    out = np.stack([seg[starts, 0], reach[ends]], axis=1)
-    return out, np.maximum.reduceat(score, starts)
+    return np.stack([seg[starts, 0], reach[ends]], axis=1), starts
 
 
 def _hits(pred: np.ndarray, gt: np.ndarray, criterion: str) -> np.ndarray:
@@ -67,12 +74,8 @@ def _covered_frames(segments: np.ndarray) -> int:
     """Frames in the union of inclusive segments."""
     if len(segments) == 0:
         return 0
-    seg = segments[np.argsort(segments[:, 0], kind="stable")]
-    reach = np.maximum.accumulate(seg[:, 1])
-    new = np.r_[True, seg[1:, 0] > reach[:-1] + 1]
-    starts = np.flatnonzero(new)
-    ends = np.r_[starts[1:], len(seg)] - 1
-    return int((reach[ends] - seg[starts, 0] + 1).sum())
+    joined, _ = _join(segments[np.argsort(segments[:, 0], kind="stable")])
+    return int((joined[:, 1] - joined[:, 0] + 1).sum())
 
 
 def _froc(
