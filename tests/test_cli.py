@@ -286,3 +286,5 @@ def test_decode_with_a_screening_decoder_keeps_scores_and_moves_its_operating_po
     DecoderParams().save(tmp_path / "challenge.json")
     code, out, err = _cli(*argv, "4", "--decoder", tmp_path / "challenge.json")
     assert code == BAD_INPUT and out == "" and "not screening parameters" in err and len(err.strip().splitlines()) == 1
+    code, out, err = _cli(*argv, "4")  # no --decoder: the budget cannot be ignored silently
+    assert code == BAD_INPUT and out == "" and "screening decoder file is required" in err

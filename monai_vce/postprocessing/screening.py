@@ -248,14 +248,16 @@ def load_screening_decoder(
     Args:
         path: the file written by training (``<ckpt_dir>/screening_decoder.json``); ``None`` or ``""``: none.
         false_alarms_per_exam: another operating point (:func:`screening_operating_point`); ``None`` keeps it.
-        required: a missing file is an error; otherwise ``None`` is returned with a warning (a model trained
-            without the screening fit still gives its challenge events).
+        required: a missing file (or none given) is an error; otherwise ``None`` is returned, with a warning for
+            a missing file (a model trained without the screening fit still gives its challenge events).
 
     Raises:
         FileNotFoundError: ``required`` and the file does not exist.
         ValueError: the file is not screening parameters, or a negative budget.
     """
     if path is None or str(path) == "":
+        if required:
+            raise FileNotFoundError("a screening decoder file is required (e.g. models/screening_decoder.json)")
         return None
     if not os.path.isfile(path):
         msg = (
