@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .dataset_folder import check_folder, galar_datalist, galar_ground_truth, inference_datalist
+from .frame_rates import video_frame_rates
 from .galar import (
     GalarReport,
     LabelTable,
@@ -13,6 +14,7 @@ from .galar import (
     discover_videos,
     list_frames,
     parse_frame_number,
+    read_frame_rates,
     read_label_csv,
     read_metadata,
     verify_frames,
@@ -41,6 +43,8 @@ __all__ = [
     "parse_frame_number",
     "read_label_csv",
     "read_metadata",
+    "read_frame_rates",
+    "video_frame_rates",
     "verify_frames",
     "check_folder",
     "galar_datalist",

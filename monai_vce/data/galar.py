@@ -30,6 +30,7 @@ from monai_vce.data.frame_checks import (
 from monai_vce.data.frame_checks import check_pixels as _check_pixels
 from monai_vce.data.video import is_video_file, list_video_frames, probe_video, verify_video, video_link_problem
 from monai_vce.events.ground_truth import ground_truth_events
+from monai_vce.events.probabilities import check_frame_rate
 from monai_vce.events.units import MAX_FRAME_ID, FrameUnits, as_frame_units
 from monai_vce.labels import LABELS, NUM_LABELS
 from monai_vce.utils import natural_key, read_regular_file, safe_text, short_repr
@@ -39,6 +40,7 @@ __all__ = [
     "CONTAINER_DIR_PATTERN",
     "METADATA_VIDEO_COLUMNS",
     "METADATA_CAPSULE_COLUMNS",
+    "METADATA_FRAME_RATE_COLUMNS",
     "UNKNOWN_CAPSULE",
     "LabelTable",
     "VideoReport",
@@ -50,6 +52,7 @@ __all__ = [
     "verify_frames",
     "read_label_csv",
     "read_metadata",
+    "read_frame_rates",
     "build_galar_datalist",
     "build_inference_datalist",
     "build_ground_truth",
@@ -77,6 +80,9 @@ METADATA_CAPSULE_COLUMNS: tuple[str, ...] = (
     "system",
     "camera",
 )
+#: Accepted header names (normalised likewise) of the optional frame rate column of ``metadata.csv`` (frames per
+#: second of the frame file numbers).
+METADATA_FRAME_RATE_COLUMNS: tuple[str, ...] = ("frame rate", "fps", "frames per second", "framerate")
 #: ``capsule`` value of datalist items whose video has no metadata row.
 UNKNOWN_CAPSULE = "unknown"
 
@@ -516,6 +522,61 @@ def read_metadata(path: PathLike) -> dict[str, str]:
         ValueError: when the id or capsule column cannot be identified, naming the file and its header.
     """
     path = Path(path)
+    header, rows = _metadata_rows(path)
+    vcol, ccol = _column(header, METADATA_VIDEO_COLUMNS), _column(header, METADATA_CAPSULE_COLUMNS)
+    if (vcol is None or ccol is None) and len(header) == 2:
+        vcol, ccol = 0, 1
+    if vcol is None or ccol is None:
+        what = "video id" if vcol is None else "capsule"
+        raise ValueError(
+            f"{path}: cannot find the {what} column (header: {', '.join(rows[0])}); expected one of "
+            f"{', '.join(METADATA_VIDEO_COLUMNS if vcol is None else METADATA_CAPSULE_COLUMNS)}"
+        )
+    out: dict[str, str] = {}
+    for r in rows[1:]:
+        if max(vcol, ccol) < len(r) and r[vcol].strip():
+            out[r[vcol].strip()] = r[ccol].strip()
+    return out
+
+
+def read_frame_rates(path: PathLike) -> dict[str, float]:
+    """Read the frame rate of each video from a metadata CSV's optional frame rate column.
+
+    Columns as :func:`read_metadata` finds them; the rate column is the first of
+    :data:`METADATA_FRAME_RATE_COLUMNS` (``frame_rate``, ``fps``, ...). Empty cells are videos without a known rate.
+
+    Returns:
+        ``{video_id: frames per second}``; ``{}`` when the file has no rate column.
+
+    Raises:
+        FileNotFoundError: when the file does not exist.
+        ValueError: a rate that is not a number in (0, 10000], naming the file, the line and the video.
+    """
+    path = Path(path)
+    header, rows = _metadata_rows(path)
+    vcol, rcol = _column(header, METADATA_VIDEO_COLUMNS), _column(header, METADATA_FRAME_RATE_COLUMNS)
+    if rcol is None:
+        return {}
+    if vcol is None:
+        raise ValueError(
+            f"{path}: cannot find the video id column (header: {', '.join(rows[0])}); expected one of "
+            f"{', '.join(METADATA_VIDEO_COLUMNS)}"
+        )
+    out: dict[str, float] = {}
+    for line, r in enumerate(rows[1:], start=2):
+        if max(vcol, rcol) >= len(r) or not r[vcol].strip() or not r[rcol].strip():
+            continue
+        try:
+            value: Any = float(r[rcol])
+        except ValueError:
+            value = r[rcol].strip()
+        rate = check_frame_rate(value, f"{path}: line {line} (video {r[vcol].strip()})")
+        out[r[vcol].strip()] = float(rate)  # type: ignore[arg-type]
+    return out
+
+
+def _metadata_rows(path: Path) -> tuple[list[str], list[list[str]]]:
+    """The normalised header and the non-empty rows (header first) of a metadata CSV."""
     if not path.exists():
         raise FileNotFoundError(f"metadata file not found: {path}")
     data = read_regular_file(path, MAX_LABEL_CSV_BYTES, "metadata file")
@@ -532,28 +593,11 @@ def read_metadata(path: PathLike) -> dict[str, str]:
         raise ValueError(f"{path}: line {reader.line_num}: not a readable CSV row ({e})") from None
     if not rows:
         raise ValueError(f"{path}: empty metadata file")
-    header = [_norm_header(h).replace("-", " ") for h in rows[0]]
+    return [_norm_header(h).replace("-", " ") for h in rows[0]], rows
 
-    def find(names: Sequence[str]) -> int | None:
-        for n in names:
-            if n in header:
-                return header.index(n)
-        return None
 
-    vcol, ccol = find(METADATA_VIDEO_COLUMNS), find(METADATA_CAPSULE_COLUMNS)
-    if (vcol is None or ccol is None) and len(header) == 2:
-        vcol, ccol = 0, 1
-    if vcol is None or ccol is None:
-        what = "video id" if vcol is None else "capsule"
-        raise ValueError(
-            f"{path}: cannot find the {what} column (header: {', '.join(rows[0])}); expected one of "
-            f"{', '.join(METADATA_VIDEO_COLUMNS if vcol is None else METADATA_CAPSULE_COLUMNS)}"
-        )
-    out: dict[str, str] = {}
-    for r in rows[1:]:
-        if max(vcol, ccol) < len(r) and r[vcol].strip():
-            out[r[vcol].strip()] = r[ccol].strip()
-    return out
+def _column(header: Sequence[str], names: Sequence[str]) -> int | None:
+    return next((header.index(n) for n in names if n in header), None)
 
 
 def _capsule_lookup(metadata: dict[str, str] | None) -> dict[str, str]:

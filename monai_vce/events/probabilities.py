@@ -2,7 +2,7 @@
 and the resume of an interrupted inference.
 
 Keys: ``probs`` (T, 17) float32, ``frame_index``, ``frame_number``, ``labels``, ``video_id``, ``source``, optional
-``features``, ``inferred``.
+``features``, ``inferred``, ``frame_rate``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from .units import MAX_FRAME_ID, FrameUnits, as_frame_units
 
 __all__ = [
     "PROBS_SUFFIX",
+    "MAX_FRAME_RATE",
     "Video",
+    "check_frame_rate",
     "video_file_name",
     "video_id_of_file_name",
     "check_video_ids",
@@ -73,6 +75,8 @@ class Video:
             ``None`` when every frame did.
         events: the ground-truth events, in the frame units of whoever attached them
             (:func:`~monai_vce.events.ground_truth.with_ground_truth`), or ``None``.
+        frame_rate: frames per second of ``frame_number`` (the capsule's or the video file's frame counter), or
+            ``None`` when unknown.
     """
 
     __slots__ = (
@@ -80,6 +84,7 @@ class Video:
         "features",
         "frame_index",
         "frame_number",
+        "frame_rate",
         "inferred",
         "probs",
         "source",
@@ -98,6 +103,7 @@ class Video:
         source: str = "",
         inferred: np.ndarray | None = None,
         events: list[dict[str, Any]] | None = None,
+        frame_rate: float | None = None,
     ) -> None:
         self.video_id = video_id
         self.probs = probs
@@ -108,6 +114,23 @@ class Video:
         self.source = source
         self.inferred = inferred
         self.events = events
+        self.frame_rate = check_frame_rate(frame_rate, f"video {short_repr(str(video_id), 60)}")
+
+    @property
+    def rows_per_second(self) -> float | None:
+        """Rows per second of recording: ``frame_rate`` over the median step of ``frame_number`` (a video annotated
+        every 5th frame has a fifth of the frame rate); ``None`` when the rate is unknown."""
+        if self.frame_rate is None:
+            return None
+        steps = np.diff(self.frame_number)
+        step = float(np.median(steps)) if steps.size else 1.0
+        return self.frame_rate / max(step, 1.0)
+
+    def duration_seconds(self) -> float | None:
+        """Seconds the rows span (``frame_number`` from first to last, one frame included), ``None`` when unknown."""
+        if self.frame_rate is None or not len(self):
+            return None
+        return float(self.frame_number[-1] - self.frame_number[0] + 1) / self.frame_rate
 
     def frame_ids(self, frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX) -> np.ndarray:
         """The ``(T,)`` frame ids in ``frame_units`` (``"frame_index"`` or ``"frame_number"``)."""
@@ -123,6 +146,28 @@ class Video:
 
     def __len__(self) -> int:
         return int(self.frame_index.shape[0])
+
+
+#: Largest frame rate accepted (frames per second); capsules record 0.5-35, video files up to a few hundred.
+MAX_FRAME_RATE = 10_000.0
+
+
+def check_frame_rate(value: Any, where: str = "frame_rate") -> float | None:
+    """``value`` as a frame rate in frames per second (``None`` stays ``None``).
+
+    Raises:
+        ValueError: not a finite number in ``(0, MAX_FRAME_RATE]``; the message names ``where``.
+    """
+    if value is None:
+        return None
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    rate = float(value) if ok else float("nan")
+    if not (np.isfinite(rate) and 0 < rate <= MAX_FRAME_RATE):
+        raise ValueError(
+            f"{where}: frame_rate must be a number of frames per second in (0, {MAX_FRAME_RATE:g}], got "
+            f"{short_repr(value, 40)}"
+        )
+    return rate
 
 
 def _encode_char(c: str) -> str:
@@ -246,6 +291,8 @@ def save_video_probs(path: PathLike, video: Video, source: str | None = None) ->
                 f"got {inferred.dtype} {inferred.shape}"
             )
         arrays["inferred"] = inferred
+    if video.frame_rate is not None:
+        arrays["frame_rate"] = np.asarray(float(video.frame_rate), dtype=np.float64)
     return atomic_save_npz(path, **arrays)
 
 
@@ -265,7 +312,7 @@ def load_video_probs(path: PathLike, features: bool = False, video_id: str | Non
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"probability file {path} not found")
-    keys = ("probs", "frame_index", "frame_number", "labels", "video_id", "source", "inferred") + (
+    keys = ("probs", "frame_index", "frame_number", "labels", "video_id", "source", "inferred", "frame_rate") + (
         ("features",) if features else ()
     )
     _check_member_sizes(path, keys)
@@ -300,6 +347,11 @@ def load_video_probs(path: PathLike, features: bool = False, video_id: str | Non
             f"probability file {path}: 'inferred' must be {T} booleans (one per row of 'probs'), "
             f"got {inferred.dtype} {inferred.shape}"
         )
+    rate = data.get("frame_rate")
+    if rate is not None:
+        if rate.shape != () or rate.dtype.kind not in "fiu":
+            raise ValueError(f"probability file {path}: 'frame_rate' must be one number, got {rate.dtype} {rate.shape}")
+        check_frame_rate(rate.item(), f"probability file {path}")
     stored = data["video_id"]
     if stored.shape != () or stored.dtype.kind != "U" or not str(stored):
         raise ValueError(f"probability file {path}: 'video_id' must be one non-empty string")
@@ -317,6 +369,7 @@ def load_video_probs(path: PathLike, features: bool = False, video_id: str | Non
         features=feats,
         source=str(data["source"]),
         inferred=inferred,
+        frame_rate=None if rate is None else float(rate.item()),
     )
 
 

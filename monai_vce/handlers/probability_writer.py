@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,7 @@ class ProbabilityWriter:
         output_transform: see :class:`VideoFrameCollector`.
         batch_transform: see :class:`VideoFrameCollector`.
         name: logger name (``None``: the engine's logger).
+        frame_rates: ``{video_id: frames per second}`` recorded in each file (see :class:`VideoFrameCollector`).
 
     Example (bundle JSON)::
 
@@ -66,6 +67,7 @@ class ProbabilityWriter:
         output_transform: Callable[[Any], Any] | None = None,
         batch_transform: Callable[[Any], Any] | None = None,
         name: str | None = None,
+        frame_rates: Mapping[str, float | None] | None = None,
     ) -> None:
         self.output_dir = Path(output_dir)
         self.source = str(source)
@@ -79,6 +81,7 @@ class ProbabilityWriter:
             batch_transform=batch_transform,
             on_discard=self._discard_video,
             features_key=None if self.feature_capture is None else self.feature_capture.output_key,
+            frame_rates=frame_rates,
         )
         #: ids of the videos written by this run, in the order written
         self.written: list[str] = []

@@ -18,6 +18,7 @@ from monai_vce.events import event_json, frames_to_events
 from monai_vce.events.probabilities import Video
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.metrics.temporal_map import temporal_map, tiou_key
+from monai_vce.postprocessing.decoder import EventDecoder
 from monai_vce.postprocessing.tuning import cross_fitted_events
 from monai_vce.utils import natural_key
 
@@ -184,7 +185,12 @@ class TemporalMAPMetric(Metric):
         if isinstance(self.decoder, HeldOutDecoder):
             pred = self._held_out(inputs)
         else:
-            pred = {vid: list(self.decoder(v.probs, v.frame_ids(units))) for vid, v in inputs.items()}
+            # an EventDecoder converts windows given in seconds at each video's row rate (decode)
+            dec = self.decoder
+            pred = {
+                vid: list(dec.decode(v, units) if isinstance(dec, EventDecoder) else dec(v.probs, v.frame_ids(units)))
+                for vid, v in inputs.items()
+            }
             self.protocol = (
                 f"decoded with the given decoder ({getattr(self.decoder, 'source', type(self.decoder).__name__)})"
             )

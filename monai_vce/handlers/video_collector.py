@@ -114,6 +114,8 @@ class VideoFrameCollector:
             later (a datalist listing one video in two places, streaming mode), before the collector raises a
             ``ValueError`` naming the video; the writer removes the video's partial file there.
         name: logger name (``None``: the engine's logger).
+        frame_rates: ``{video_id: frames per second of frame_number}`` (:func:`monai_vce.data.video_frame_rates`),
+            recorded in each video; read on first use. ``None``: unknown.
     """
 
     def __init__(
@@ -133,8 +135,10 @@ class VideoFrameCollector:
         on_discard: Callable[[str], Any] | None = None,
         name: str | None = None,
         features_key: str | None = None,
+        frame_rates: Mapping[str, float | None] | None = None,
     ) -> None:
         self.logger = logging.getLogger(name)
+        self.frame_rates = frame_rates
         self._name = name
         self.on_video = on_video
         self.on_discard = on_discard
@@ -383,6 +387,7 @@ class VideoFrameCollector:
             number.astype(np.int64),
             targets,
             features=features,
+            frame_rate=None if self.frame_rates is None else self.frame_rates.get(vid),
         )
         if self.on_video is not None:
             self.on_video(video)

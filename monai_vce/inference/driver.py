@@ -417,6 +417,8 @@ class ReducedInference:
             :class:`monai_vce.handlers.VCECheckpointLoader`).
         progress: draw a progress bar on a terminal (frames of the videos done; frames inferred vs frames of
             the current video); a line per video and a summary are logged either way.
+        frame_rates: ``{video_id: frames per second}`` recorded in each file
+            (:func:`monai_vce.data.video_frame_rates`); read on first use.
 
     Example::
 
@@ -453,6 +455,7 @@ class ReducedInference:
         features: bool = False,
         load_handlers: Sequence[Callable[[Any], Any]] = (),
         progress: bool = True,
+        frame_rates: Mapping[str, float | None] | None = None,
     ) -> None:
 
         # every setting checked before the network, the decoder or a frame is touched
@@ -491,6 +494,7 @@ class ReducedInference:
         self.features = check_setting("write_features", features, "bool")
         self.load_handlers = list(load_handlers)
         self.progress = bool(progress)
+        self.frame_rates = frame_rates
         #: per video of this rank: frames, frames inferred, seconds (filled by :meth:`run`)
         self.stats: dict[str, dict[str, float]] = {}
 
@@ -557,7 +561,8 @@ class ReducedInference:
         items = [self.predictor.data[i] for i in rows.tolist()]
         index = np.array([int(d["frame_index"]) for d in items], dtype=np.int64)
         number = np.array([int(d.get("frame_number", d["frame_index"])) for d in items], dtype=np.int64)
-        video = Video(vid, probs, index, number, inferred=inferred)
+        rate = None if self.frame_rates is None else self.frame_rates.get(vid)
+        video = Video(vid, probs, index, number, inferred=inferred, frame_rate=rate)
         save_video_probs(probability_file(self.output_dir, vid), video, source=self.stored_source)
 
     def run(self) -> Path:

@@ -97,6 +97,29 @@ class EventDecoder:
 
     def __init__(self, params: DecoderParams | Mapping[str, Any] | str | os.PathLike | None = None) -> None:
         self.params = _as_params(params)
+        self._at_rate: dict[float, EventDecoder] = {}
+        self._warned_rate = False
+
+    def at_rate(self, rows_per_second: float | None, video_id: str | None = None) -> EventDecoder:
+        """The decoder of a video recorded at ``rows_per_second``: with windows in seconds (``params["window_seconds"]``)
+        converted to its rows (:meth:`DecoderParams.rows_at`); itself without them. A video of unknown rate keeps
+        the row windows, with a warning."""
+        if "window_seconds" not in self.params:
+            return self
+        if rows_per_second is None:
+            if not self._warned_rate:
+                warnings.warn(
+                    f"video {video_id!r} has no frame rate: its decoder windows count rows (those of "
+                    f"{self.params.source}), not the seconds given; set the bundle's frame_rate or a metadata.csv "
+                    "frame_rate column",
+                    stacklevel=2,
+                )
+                self._warned_rate = True
+            return self
+        key = round(float(rows_per_second), 9)
+        if key not in self._at_rate:
+            self._at_rate[key] = EventDecoder(self.params.rows_at(key))
+        return self._at_rate[key]
 
     def sections(self, probs: np.ndarray, present: np.ndarray | None = None) -> np.ndarray | None:
         """Viterbi-decoded ``(T,)`` section indices (positions in ``SECTIONS``, ``-1`` for lead-in frames), or
@@ -128,7 +151,13 @@ class EventDecoder:
         mask[:, ~present] = False
         return mask, sections
 
-    def __call__(self, probs: np.ndarray, frame_ids: np.ndarray, video_id: str | None = None) -> list[dict[str, Any]]:
+    def __call__(
+        self,
+        probs: np.ndarray,
+        frame_ids: np.ndarray,
+        video_id: str | None = None,
+        rows_per_second: float | None = None,
+    ) -> list[dict[str, Any]]:
         """Events of one video in challenge format, most confident first.
 
         Args:
@@ -136,7 +165,12 @@ class EventDecoder:
             frame_ids: ``(T,)`` strictly increasing frame ids in the units of ``params["frame_units"]``
                 (``frame_index`` or ``frame_number`` of the datalist / probability files).
             video_id: named in error messages.
+            rows_per_second: the video's row rate (:attr:`monai_vce.events.Video.rows_per_second`), which converts
+                windows given in seconds (:meth:`at_rate`); ``None``: unknown.
         """
+        decoder = self.at_rate(rows_per_second, video_id)
+        if decoder is not self:
+            return decoder(probs, frame_ids, video_id)
         probs, frame_ids = check_probabilities(probs, frame_ids, video_id)
         mask, _ = self._masks(probs)
         return self.compose(mask, frame_ids, probs)
@@ -145,7 +179,7 @@ class EventDecoder:
         """Events of one :class:`~monai_vce.events.Video`, with its frame ids in ``frame_units`` (``None``: the
         parameters' ``frame_units``)."""
         units = self.params.frame_units if frame_units is None else frame_units
-        return self(video.probs, video.frame_ids(units), video_id=str(video.video_id))
+        return self(video.probs, video.frame_ids(units), str(video.video_id), video.rows_per_second)
 
     def compose(self, mask: np.ndarray, frame_ids: np.ndarray, probs: np.ndarray) -> list[dict[str, Any]]:
         """Compose events from a final mask and order them by confidence; with ``params["scores"]`` each event

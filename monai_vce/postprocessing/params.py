@@ -32,14 +32,34 @@ from monai_vce.utils import atomic_write_json, read_json_file
 from .anatomy import ANATOMY_PARAMS, LANDMARK_WINDOW
 from .chain import CHAIN_STEPS, PAPER_ORDER
 from .gating import PRESENCE_FEATURES, PRESENCE_PARAMS
-from .steps import Param
+from .steps import MAX_FRAMES, Param
 
-__all__ = ["DECODER_PARAMS_VERSION", "FRAME_UNITS", "DecoderParams", "decoder_params_schema", "label_param_names"]
+__all__ = [
+    "DECODER_PARAMS_VERSION",
+    "FRAME_UNITS",
+    "WINDOW_SECONDS_PARAMS",
+    "DecoderParams",
+    "decoder_params_schema",
+    "label_param_names",
+]
 
 DECODER_PARAMS_VERSION = 1
 #: Accepted values of ``frame_units``.
 FRAME_UNITS: tuple[str, ...] = tuple(u.value for u in FrameUnits)
-_TOP_KEYS = ("version", "labels", "order", "composition", "ranking", "frame_units", "anatomy", "scores", "fit")
+_TOP_KEYS = (
+    "version",
+    "labels",
+    "order",
+    "composition",
+    "ranking",
+    "frame_units",
+    "anatomy",
+    "scores",
+    "window_seconds",
+    "fit",
+)
+#: The frame-count parameters that may be given in seconds (``"window_seconds"``), converted per video at its row rate.
+WINDOW_SECONDS_PARAMS: tuple[str, ...] = ("median_window", "max_gap", "min_length", "landmark_window")
 
 
 def label_param_names() -> tuple[str, ...]:
@@ -123,6 +143,18 @@ def decoder_params_schema() -> dict[str, Any]:
             "frame_units": {"enum": list(FRAME_UNITS)},
             "anatomy": anatomy,
             "scores": {"type": "boolean"},
+            "window_seconds": {
+                "type": "object",
+                "properties": {
+                    name: {
+                        "type": "object",
+                        "propertyNames": {"enum": list(LANDMARKS if name == "landmark_window" else LABELS)},
+                        "additionalProperties": {"type": "number", "finite": True, "minimum": 0, "maximum": 1e6},
+                    }
+                    for name in WINDOW_SECONDS_PARAMS
+                },
+                "additionalProperties": False,
+            },
             "fit": {"type": "object"},
         },
         "additionalProperties": False,
@@ -250,6 +282,8 @@ class DecoderParams(Mapping[str, Any]):
                      "landmark_window": {"<landmark>": int in [0, 1e7]}, "gate_landmarks": bool,
                      "pathology_sections": {"<pathology>": ["<section>", ...]}},
          "scores": bool,  # optional (false): events carry "score", the screening profile's
+         "window_seconds": {"median_window" | "max_gap" | "min_length": {"<label>": s}, "landmark_window": {..}},
+                    # optional: windows in seconds, converted per video at its row rate (rows_at)
          "fit": {...}}   # optional, free-form record of how the parameters were fitted
 
     The object is read-only (``params["labels"]["ulcer"]["threshold"]``); derive changed parameters with
@@ -416,6 +450,49 @@ class DecoderParams(Mapping[str, Any]):
         """New parameters with some anatomy parameters replaced (``with_anatomy(enabled=True)``)."""
         d = self.to_dict()
         d["anatomy"].update(changes)
+        return DecoderParams(d, source=self.source)
+
+    # time -----------------------------------------------------------------------------------------
+    def rows_at(self, rows_per_second: float) -> DecoderParams:
+        """The parameters with the windows of ``window_seconds`` converted to rows at ``rows_per_second`` (``window_seconds``
+        dropped): a median window to the odd count at or below ``s * rate + 1``, the others to the nearest count.
+        Without ``window_seconds``: the parameters themselves."""
+        if "window_seconds" not in self._data:
+            return self
+        rate = float(rows_per_second)
+        if not (math.isfinite(rate) and rate > 0):
+            raise ValueError(f"{self.source}: rows_per_second must be a positive number, got {rows_per_second!r}")
+        d = self.to_dict()
+        for name, values in d.pop("window_seconds").items():
+            for label, sec in values.items():
+                x = min(float(sec) * rate, MAX_FRAMES - 1)
+                rows = 2 * int(x // 2) + 1 if name == "median_window" else round(x)
+                if name == "landmark_window":
+                    d["anatomy"]["landmark_window"][label] = rows
+                else:
+                    d["labels"][label][name] = rows
+        return DecoderParams(d, source=self.source)
+
+    def with_seconds(self, rows_per_second: float, names: Sequence[str] = WINDOW_SECONDS_PARAMS) -> DecoderParams:
+        """The parameters with ``window_seconds`` set from their row windows at ``rows_per_second`` (e.g. the median
+        row rate of the videos they were tuned on), so that each video converts them at its own rate."""
+        rate = float(rows_per_second)
+        if not (math.isfinite(rate) and rate > 0):
+            raise ValueError(f"{self.source}: rows_per_second must be a positive number, got {rows_per_second!r}")
+        unknown = [n for n in names if n not in WINDOW_SECONDS_PARAMS]
+        if unknown:
+            raise ValueError(
+                f"{self.source}: window_seconds: unknown window {unknown[0]!r}; expected {list(WINDOW_SECONDS_PARAMS)}"
+            )
+        d = self.to_dict()
+        seconds: dict[str, dict[str, float]] = {}
+        for name in names:
+            if name == "landmark_window":
+                rows = {n: d["anatomy"]["landmark_window"][n] for n in LANDMARKS}
+            else:
+                rows = {n: d["labels"][n][name] for n in LABELS}
+            seconds[name] = {n: round(float(v) / rate, 6) for n, v in rows.items()}
+        d["window_seconds"] = seconds
         return DecoderParams(d, source=self.source)
 
     # per-label arrays -------------------------------------------------------------------------------

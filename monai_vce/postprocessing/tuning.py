@@ -336,6 +336,7 @@ def tune_decoder(
     seed: int = 0,
     profile: str = "challenge",
     false_alarms_per_exam: float = 2.0,
+    window_seconds: bool = False,
     verbose: bool = False,
 ) -> DecoderParams:
     """Fit the decoder's parameters on validation videos by maximising temporal mAP (see ``docs/design/decoding.md``).
@@ -379,11 +380,74 @@ def tune_decoder(
             ``"screening"``: :func:`~monai_vce.postprocessing.tune_screening` from ``base`` (no label silenced,
             scored events, pathology thresholds fitted to ``false_alarms_per_exam``).
         false_alarms_per_exam: the screening profile's false-alarm budget (events per exam, all pathology labels).
+        window_seconds: also give the tuned windows in seconds (``window_seconds``, :meth:`DecoderParams.with_seconds`)
+            at the videos' median row rate, so that a video recorded at another rate converts them; every video
+            needs its ``frame_rate``.
         verbose: print progress.
 
     Returns:
-        The fitted :class:`DecoderParams`, with ``fit`` recording the profile and the composed validation mAP.
+        The fitted :class:`DecoderParams`, with ``fit`` recording the profile, the composed validation mAP and,
+        when every video's frame rate is known, their median ``rows_per_second``.
     """
+    listed = list(videos.values() if isinstance(videos, Mapping) else videos)
+    rates = [r for r in (v.rows_per_second for v in listed) if r is not None]
+    rate = float(np.median(rates)) if rates and len(rates) == len(listed) else None
+    if window_seconds and rate is None:
+        missing = next(str(v.video_id) for v in listed if v.rows_per_second is None) if listed else None
+        raise ValueError(
+            f"window_seconds: validation video {missing!r} has no frame rate; give the videos' frame rates "
+            "(metadata.csv frame_rate column or the bundle's frame_rate) or leave the windows in rows"
+        )
+    params = _tune_decoder(
+        listed,
+        base,
+        composition=composition,
+        anatomy=anatomy,
+        frame_units=frame_units,
+        grids=grids,
+        rounds=rounds,
+        tiou_thresholds=tiou_thresholds,
+        weights=weights,
+        presence_rules=presence_rules,
+        rankings=rankings,
+        presence_min_gain=presence_min_gain,
+        anatomy_grid=anatomy_grid,
+        presence_folds=presence_folds,
+        presence_cv_margin=presence_cv_margin,
+        presence_cv_z=presence_cv_z,
+        seed=seed,
+        profile=profile,
+        false_alarms_per_exam=false_alarms_per_exam,
+        verbose=verbose,
+    )
+    if rate is None:
+        return params
+    params = params.replace(fit={**dict(params.get("fit") or {}), "rows_per_second": round(rate, 6)})
+    return params.with_seconds(rate) if window_seconds else params
+
+
+def _tune_decoder(
+    videos: Sequence[Video],
+    base: DecoderParams | Mapping[str, Any] | None,
+    composition: str,
+    anatomy: bool,
+    frame_units: FrameUnits | str,
+    grids: Mapping[str, Sequence] | None,
+    rounds: int,
+    tiou_thresholds: Sequence[float],
+    weights: Sequence[float] | None,
+    presence_rules: Sequence[Mapping[str, Any]],
+    rankings: Sequence[str],
+    presence_min_gain: float | None,
+    anatomy_grid: Sequence[Mapping[str, Any]] | None,
+    presence_folds: int,
+    presence_cv_margin: float,
+    presence_cv_z: float,
+    seed: int,
+    profile: str,
+    false_alarms_per_exam: float,
+    verbose: bool,
+) -> DecoderParams:
     log: Log = print if verbose else (lambda *_: None)
     t0 = time.perf_counter()
     if profile not in DECODER_PROFILES:
@@ -391,7 +455,7 @@ def tune_decoder(
     units = as_frame_units(frame_units)
     if profile == "screening":
         return tune_screening(videos, base, false_alarms_per_exam, units)
-    vids = [_Video(v, units) for v in (videos.values() if isinstance(videos, Mapping) else videos)]
+    vids = [_Video(v, units) for v in videos]
     if not vids:
         raise ValueError("tune_decoder needs at least one validation video")
     ths = tuple(float(t) for t in tiou_thresholds)

@@ -128,7 +128,9 @@ def decode(
     for vid in ids:
         video = load_video_probs(probability_file(probs_dir, vid), video_id=vid)
         frame_ids = video.frame_ids(units)
-        events[vid] = list(decoder(video.probs, frame_ids, video_id=vid)) if len(video) else []
+        # an EventDecoder converts windows given in seconds at the video's row rate
+        rate = {"rows_per_second": video.rows_per_second} if isinstance(decoder, EventDecoder) else {}
+        events[vid] = list(decoder(video.probs, frame_ids, video_id=vid, **rate)) if len(video) else []
         if len(video):
             frames[vid] = {"frames": len(video), "first": int(frame_ids[0]), "last": int(frame_ids[-1])}
     params = getattr(decoder, "params", None)

@@ -193,10 +193,12 @@ def refine_folder(
             own.add(target.name)
             atomic_write_json(out_dir / MANIFEST, {"writer": "monai_vce.temporal.refine_folder", "files": sorted(own)})
         try:
-            refined = refiner.refine(video.probs, video.features, chunk_size=chunk_size)
+            refined = refiner.refine(
+                video.probs, video.features, chunk_size=chunk_size, rows_per_second=video.rows_per_second
+            )
         except ValueError as e:
             raise ValueError(f"probability file {path}: {e}") from None
-        save_video_probs(target, Video(vid, refined, video.frame_index, video.frame_number), source=source)
+        save_video_probs(target, video.replace(probs=refined, features=None, inferred=None), source=source)
         written.append(vid)
         if log:
             log(f"{vid}: {len(video)} frames refined")

@@ -26,6 +26,8 @@ from .losses import as_stages
 from .networks import LabelwiseTCN, MultiStageTCN, network_context
 
 __all__ = [
+    "RATE_TOLERANCE",
+    "refine_at_rate",
     "INPUTS",
     "POSITION_CHANNELS",
     "FILE_FORMAT",
@@ -397,8 +399,17 @@ class TemporalRefiner(nn.Module):
             out[:, start:stop] = self(x[None, :, lo:hi])[-1, 0, :, start - lo : stop - lo]
         return out
 
+    @property
+    def rows_per_second(self) -> float | None:
+        """The row rate of the videos it was fitted on (``fit_info["rows_per_second"]``), ``None`` when unknown."""
+        return _fitted_rate(self.fit_info)
+
     def refine(
-        self, probs: np.ndarray | None, features: np.ndarray | None = None, chunk_size: int | None = None
+        self,
+        probs: np.ndarray | None,
+        features: np.ndarray | None = None,
+        chunk_size: int | None = None,
+        rows_per_second: float | None = None,
     ) -> np.ndarray:
         """Refined probabilities of one whole video.
 
@@ -408,6 +419,9 @@ class TemporalRefiner(nn.Module):
             features: ``(T, D)`` frame features (for ``inputs="features"`` / ``"both"``).
             chunk_size: frames per chunk (default :attr:`chunk_size`; 0: the whole video at once); the result
                 does not depend on it.
+            rows_per_second: the video's row rate; when it and :attr:`rows_per_second` are known and differ by
+                more than 5 %, the video is resampled to the fitted rate, refined and resampled back
+                (:func:`refine_at_rate`), so that the network's windows span the seconds it learned.
 
         Returns:
             ``(T, 17)`` float32 refined probabilities.
@@ -416,6 +430,8 @@ class TemporalRefiner(nn.Module):
             ValueError: inputs of the wrong shape, non-finite, or probabilities outside [0, 1].
         """
         probs, features = self.check_inputs(probs, features)
+        if _needs_resampling(rows_per_second, self.rows_per_second):
+            return refine_at_rate(self, probs, features, rows_per_second, chunk_size)  # type: ignore[arg-type]
         T = probs.shape[0] if probs is not None else features.shape[0]  # type: ignore[union-attr]
         if T == 0:
             return np.zeros((0, NUM_LABELS), dtype=np.float32)
@@ -675,11 +691,22 @@ class RefinerEnsemble(nn.Module):
         """Validate one video's inputs (:meth:`TemporalRefiner.check_inputs`)."""
         return self._member(0).check_inputs(probs, features, where)
 
+    @property
+    def rows_per_second(self) -> float | None:
+        """The row rate of the videos its members were fitted on (the first member's), ``None`` when unknown."""
+        return _fitted_rate(self.fit_info) or self._member(0).rows_per_second
+
     def refine(
-        self, probs: np.ndarray | None, features: np.ndarray | None = None, chunk_size: int | None = None
+        self,
+        probs: np.ndarray | None,
+        features: np.ndarray | None = None,
+        chunk_size: int | None = None,
+        rows_per_second: float | None = None,
     ) -> np.ndarray:
         """The members' mean refined probabilities of one whole video (:meth:`TemporalRefiner.refine`)."""
         probs, features = self.check_inputs(probs, features)
+        if _needs_resampling(rows_per_second, self.rows_per_second):
+            return refine_at_rate(self, probs, features, rows_per_second, chunk_size)  # type: ignore[arg-type]
         total = self._member(0).refine(probs, features, chunk_size)
         for i in range(1, len(self.members)):
             total += self._member(i).refine(probs, features, chunk_size)
@@ -753,3 +780,61 @@ def load_refiner_file(path: PathLike, map_location: str | torch.device = "cpu") 
     if isinstance(payload, dict) and payload.get("format") == ENSEMBLE_FORMAT:
         return RefinerEnsemble.from_payload(payload, where, map_location)
     return TemporalRefiner.from_payload(payload, where, map_location)
+
+
+#: Relative difference of row rates below which a video is refined as it is (no resampling).
+RATE_TOLERANCE = 0.05
+
+
+def _fitted_rate(fit_info: Mapping[str, Any]) -> float | None:
+    rate = fit_info.get("rows_per_second") if isinstance(fit_info, Mapping) else None
+    ok = isinstance(rate, (int, float)) and not isinstance(rate, bool) and math.isfinite(rate) and rate > 0
+    return float(rate) if ok else None  # type: ignore[arg-type]
+
+
+def _needs_resampling(rate: float | None, fitted: float | None) -> bool:
+    return rate is not None and fitted is not None and abs(float(rate) / fitted - 1.0) > RATE_TOLERANCE
+
+
+def refine_at_rate(
+    refiner: TemporalRefiner | RefinerEnsemble,
+    probs: np.ndarray | None,
+    features: np.ndarray | None,
+    rows_per_second: float,
+    chunk_size: int | None = None,
+) -> np.ndarray:
+    """Refine a video recorded at ``rows_per_second`` at the refiner's fitted rate: the inputs' logits (and
+    features) are linearly resampled to that rate, refined, and the refined logits resampled back to the rows.
+
+    Returns:
+        ``(T, 17)`` float32 refined probabilities; passthrough labels are the inputs exactly.
+    """
+    fitted = refiner.rows_per_second
+    if fitted is None:
+        raise ValueError("refine_at_rate: the refiner records no rows_per_second (fit it on videos with a frame rate)")
+    T = probs.shape[0] if probs is not None else features.shape[0]  # type: ignore[union-attr]
+    n = max(2, round(T * fitted / float(rows_per_second)))
+    if T < 2:
+        return refiner.refine(probs, features, chunk_size)
+    rows = np.arange(T, dtype=np.float64)
+    grid = np.linspace(0.0, T - 1.0, n)
+
+    def resample(x: np.ndarray, at: np.ndarray, of: np.ndarray) -> np.ndarray:
+        # np.interp per column, vectorised: the same weights for every column
+        hi = np.clip(np.searchsorted(of, at, side="right"), 1, len(of) - 1)
+        w = ((at - of[hi - 1]) / (of[hi] - of[hi - 1]))[:, None]
+        return (1.0 - w) * x[hi - 1] + w * x[hi]
+
+    eps = 1e-6
+    p = None
+    if probs is not None:
+        q = np.clip(probs.astype(np.float64), eps, 1 - eps)
+        p = (1.0 / (1.0 + np.exp(-resample(np.log(q / (1 - q)), grid, rows)))).astype(np.float32)
+    f = None if features is None else resample(features.astype(np.float32), grid, rows).astype(np.float32)
+    out = refiner.refine(p, f, chunk_size)
+    r = np.clip(out.astype(np.float64), eps, 1 - eps)
+    back = (1.0 / (1.0 + np.exp(-resample(np.log(r / (1 - r)), rows, grid)))).astype(np.float32)
+    if refiner.passthrough and probs is not None:
+        keep = [LABELS.index(name) for name in refiner.passthrough]
+        back[:, keep] = probs[:, keep]
+    return back

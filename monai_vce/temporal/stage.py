@@ -228,7 +228,7 @@ def fit_temporal_stage(
     if oof_dir is not None:
         for vid in ids:
             a = arrays[vid]
-            video = Video(vid, fit.refined[vid], a.frame_index, a.frame_number)
+            video = a.replace(probs=fit.refined[vid], features=None, inferred=None, targets=None, events=None)
             save_video_probs(probability_file(oof_dir, vid), video, source=f"{a.source} | out-of-fold refiner")
     chosen = fit.refiner.to("cpu")
     chosen.fit_info = {

@@ -315,7 +315,10 @@ def fit_refiner(
     finally:
         torch.set_num_threads(old_threads)
     refiner.eval()
+    rates = [r for r in (v.rows_per_second for v in train) if r is not None]
     refiner.fit_info = {
+        # the row rate its windows learned (refine resamples a video at another rate to it); absent when unknown
+        **({"rows_per_second": round(float(np.median(rates)), 6)} if rates and len(rates) == len(train) else {}),
         "videos": [str(v.video_id) for v in train],
         "frames": int(sum(len(v) for v in train)),
         "val_videos": [str(v.video_id) for v in val],
