@@ -686,7 +686,7 @@ def test_same_defects_elsewhere_are_refused_in_one_line(tmp_path: Path) -> None:
     pred = {"videos": [{"video_id": "1", "events": []}]}
     for kwargs, expected in (
         ({"strip_frames": -5}, "strip_frames must be an integer in [0, 100000], got -5"),
-        ({"fps": float("nan")}, "fps must be a frame rate in (0, 10000] frames per second, got nan"),
+        ({"frame_rate": float("nan")}, "frame_rate must be in (0, 10000] frames per second, got nan"),
         ({"num_workers": 0}, "num_workers must be an integer in [1, 1024], got 0"),
     ):
         with pytest.raises(ValueError) as err:

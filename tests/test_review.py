@@ -43,7 +43,7 @@ def test_command_line_site_maps_index_units_onto_the_frame_files(tmp_path, mini_
     gt = mini_galar / "ground_truth.json"
     code = main(
         ["review", "--events", str(gt), "--frames-dir", str(mini_galar / "frames"), "--probs-dir", str(probs_dir),
-         "--gt", str(gt), "--out", str(tmp_path / "site"), "--fps", "4", "--strip-frames", "20"]
+         "--gt", str(gt), "--out", str(tmp_path / "site"), "--frame-rate", "4", "--strip-frames", "20"]
     )  # fmt: skip
     out = capsys.readouterr()
     assert code == 0, out.err
@@ -57,7 +57,7 @@ def test_command_line_site_maps_index_units_onto_the_frame_files(tmp_path, mini_
     data = _read_js(exam_dir / exam_file_name("2") / "data.js")
     with np.load(probs_dir / "2.npz") as z:
         index_ids, numbers, probs = z["frame_index"], z["frame_number"], z["probs"]
-    assert data["units"] == "frame_index" and data["fps"] == 4.0 and data["num_frames"] == len(index_ids)
+    assert data["units"] == "frame_index" and data["frame_rate"] == 4.0 and data["num_frames"] == len(index_ids)
     assert data["frame_number"]["step"] == 5 and data["frame_number"]["start"] == int(numbers[0])
     for e, ref in zip(data["events"], events[1]["events"], strict=True):
         assert (e["start"], e["end"], e["label"]) == (
@@ -133,7 +133,7 @@ def test_video_exam_stores_full_frames_around_its_events(tmp_path):
     gt = data / "ground_truth.json"
     write_review_site(gt, data / "frames", tmp_path / "site", max_full_frames=30, strip_frames=10, progress=False)
     exam = _read_js(next((tmp_path / "site" / "exams").glob("*/data.js")))
-    assert exam["frames"]["kind"] == "stored" and exam["fps"] == 5.0 and exam["source"] == "1.mp4"
+    assert exam["frames"]["kind"] == "stored" and exam["frame_rate"] == 5.0 and exam["source"] == "1.mp4"
     stored = sorted(int(p.stem) for p in (tmp_path / "site" / "exams" / exam["frames"]["dir"]).glob("*.jpg"))
     assert 10 <= len(stored) <= 30 + 10
     first = exam["events"][0]
@@ -157,18 +157,40 @@ def test_events_beyond_the_frames_are_refused(tmp_path, mini_galar):
         write_review_site(pred, mini_galar / "frames", tmp_path / "site", progress=False)
 
 
+def test_an_exam_takes_the_frame_rate_inference_recorded(tmp_path, mini_galar, probs_dir):
+    from monai_vce.events import load_video_probs, probability_file, save_video_probs
+    from monai_vce.review import frames_by_video, load_exam
+
+    # video 2 is annotated every 5th frame: at 10 frames/s its rows are 2 per second
+    rated = tmp_path / "probs"
+    for vid in ("1", "2", "3", "ukdd_navi_00004"):
+        record = load_video_probs(probability_file(probs_dir, vid))
+        save_video_probs(probability_file(rated, vid), record.replace(frame_rate=10.0))
+    frames = frames_by_video(mini_galar / "frames")["2"]
+    video, where = load_exam("2", frames, probs_file=probability_file(rated, "2"))
+    assert where.frame_rate == 10.0 and video.rows_per_second == pytest.approx(2.0)
+    assert load_exam("2", frames, probs_file=probability_file(rated, "2"), frame_rate=4)[1].frame_rate == 4.0
+    pred = {"videos": [{"video_id": v, "events": []} for v in ("1", "2", "3", "ukdd_navi_00004")]}
+    write_review_site(pred, mini_galar / "frames", tmp_path / "site", probs_dir=rated, progress=False)
+    exam = next(e for e in _read_js(tmp_path / "site" / "index.js")["exams"] if e["video_id"] == "2")
+    span = int(video.frame_number[-1] - video.frame_number[0] + 1)
+    assert exam["frame_rate"] == 10.0 and exam["duration_seconds"] == pytest.approx(span / 10.0)
+    data = _read_js(tmp_path / "site" / "exams" / exam_file_name("2") / "data.js")
+    assert data["duration_seconds"] == exam["duration_seconds"]
+
+
 def test_an_exam_is_one_video_record_and_its_frames(mini_galar, probs_dir):
     from monai_vce.events import Video, load_video_probs
     from monai_vce.review import ExamFrames, frames_by_video, has_probs, load_exam
 
     frames = frames_by_video(mini_galar / "frames")["2"]
     gt = json.loads((mini_galar / "ground_truth.json").read_text())["videos"][1]["events"]
-    video, where = load_exam("2", frames, gt_events=gt, probs_file=probs_dir / "2.npz", fps=4)
+    video, where = load_exam("2", frames, gt_events=gt, probs_file=probs_dir / "2.npz", frame_rate=4)
     ref = load_video_probs(probs_dir / "2.npz")
     assert isinstance(video, Video) and isinstance(where, ExamFrames) and has_probs(video)
     np.testing.assert_array_equal(video.probs, ref.probs)
     np.testing.assert_array_equal(video.frame_index, ref.frame_index)
-    assert video.events == gt and where.fps == 4.0 and where.video is None
+    assert video.events == gt and where.frame_rate == 4.0 and where.video is None
     assert where.images is not None and len(where.images) == len(video)
     assert where.images[0].endswith(f"{int(ref.frame_number[0]):06d}.PNG")
     # without a probability file: the frames on disk are the rows, and the record has no probability columns

@@ -98,7 +98,7 @@ def site(tmp_path_factory, mini_galar):
         save_video_probs(probs_dir / f"{vid}.npz", Video(vid, _probs_for(labels, rng), idx, num))
     # most confident first: here simply the ground truth's events reversed, so the order is not the time order
     pred = {"videos": [{"video_id": v["video_id"], "events": v["events"][::-1]} for v in gt["videos"]]}
-    index = write_review_site(pred, data, root / "site", probs_dir=probs_dir, gt=gt, fps=5.0, progress=False)
+    index = write_review_site(pred, data, root / "site", probs_dir=probs_dir, gt=gt, frame_rate=5.0, progress=False)
     # an id made of markup (it cannot name a probability file: it holds '/'), its frames through the datalist
     hostile_pred = {"videos": [{"video_id": HOSTILE, "events": pred["videos"][0]["events"]}]}
     hostile_index = write_review_site(hostile_pred, hostile, root / "hostile_site", progress=False)

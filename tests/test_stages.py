@@ -184,7 +184,9 @@ def test_review_writes_nothing_without_a_folder_and_passes_its_arguments_on(tmp_
 
     monkeypatch.setattr(review_module, "write_run_review", fake)
     assert review(None, path, []) is None and not seen
-    site = review(tmp_path / "site", path, [{"video_id": "a"}], tmp_path / "probs", tmp_path / "gt.json", fps=5.0)
+    site = review(
+        tmp_path / "site", path, [{"video_id": "a"}], tmp_path / "probs", tmp_path / "gt.json", frame_rate=5.0
+    )
     assert site == tmp_path / "site" / "index.html"
     assert seen["events_file"] == path and seen["datalist"] == [{"video_id": "a"}]
-    assert seen["probs_dir"] == tmp_path / "probs" and seen["gt"] == tmp_path / "gt.json" and seen["fps"] == 5.0
+    assert seen["probs_dir"] == tmp_path / "probs" and seen["gt"] == tmp_path / "gt.json" and seen["frame_rate"] == 5.0

@@ -40,7 +40,7 @@ def test_inference_on_video_files_gives_events_and_a_review_site(tmp_path_factor
     index = out / "review" / "index.html"
     assert index.is_file() and "review site:" in proc.stdout
     exam = json.loads((out / "review" / "exams" / "1" / "data.js").read_text().split("=", 1)[1].rstrip(";\n"))
-    assert exam["num_frames"] == 40 and exam["frames"]["kind"] == "stored" and exam["fps"] == 5.0
+    assert exam["num_frames"] == 40 and exam["frames"]["kind"] == "stored" and exam["frame_rate"] == 5.0
     # the site shows the screening candidates by default, with their scores
     screening = {v["video_id"]: v["events"] for v in load_events(out / "screening_events.json")["videos"]}
     assert sum(len(v) for v in screening.values()) > 0

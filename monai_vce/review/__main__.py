@@ -39,7 +39,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "units recorded beside the event files (<name>.meta.json), else frame_index. A file recorded in other units "
         "is refused (the events are converted when --probs-dir is given)",
     )
-    p.add_argument("--fps", type=float, default=None, help="frame rate of frame folders, for durations in seconds")
+    p.add_argument(
+        "--frame-rate",
+        type=float,
+        default=None,
+        help="frames per second of every exam (default: as inference recorded)",
+    )
     p.add_argument("--videos", nargs="+", default=None, help="only these video ids, in this order")
     p.add_argument("--strip-frames", type=int, default=1500, help="timeline thumbnails per exam (default 1500)")
     p.add_argument(
@@ -65,7 +70,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         probs_dir=args.probs_dir,
         gt=args.gt,
         frame_units=args.frame_units,
-        fps=args.fps,
+        frame_rate=args.frame_rate,
         videos=args.videos,
         strip_frames=args.strip_frames,
         max_event_thumbnails=args.max_event_thumbnails,

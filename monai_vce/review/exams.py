@@ -31,12 +31,12 @@ class ExamFrames:
     Attributes:
         images: (T,) path of each row's frame image, or ``None`` for a video file.
         video: the video file, or ``None`` for a frame folder.
-        fps: frames per second of ``frame_number``, ``None`` when unknown.
+        frame_rate: frames per second of ``frame_number``, ``None`` when unknown.
     """
 
     images: list[str] | None
     video: str | None
-    fps: float | None
+    frame_rate: float | None
 
 
 def has_probs(video: Video) -> bool:
@@ -79,7 +79,7 @@ def load_exam(
     frames: Mapping[str, Any],
     gt_events: Sequence[Mapping[str, Any]] | None = None,
     probs_file: PathLike | None = None,
-    fps: float | None = None,
+    frame_rate: float | None = None,
 ) -> tuple[Video, ExamFrames]:
     """Assemble one exam: its rows (sorted by frame number) with their probabilities and ground truth, and their frames.
 
@@ -89,7 +89,7 @@ def load_exam(
         gt_events: ground-truth events (the video's ``events``) or ``None``.
         probs_file: ``<video_id>.npz`` (see :func:`monai_vce.events.load_video_probs`) or ``None``: the rows are
             then the frames on disk and their probabilities ``(T, 0)`` (see :func:`has_probs`).
-        fps: frame rate of frame folders; a video file's own frame rate is used when this is ``None``.
+        frame_rate: frames per second; ``None``: the probability file's, else a video file's own.
 
     Returns:
         ``(video, frames)``.
@@ -105,14 +105,12 @@ def load_exam(
     images = [images[i] for i in order]
     index, number = index[order], number[order]
     video = images[0] if images and is_video_file(images[0]) else None
-    if video is not None:
-        if any(p != video for p in images):
-            raise ValueError(f"video {video_id!r} mixes a video file ({video}) with other frame files")
-        if fps is None:
-            fps = probe_video(video).fps
+    if video is not None and any(p != video for p in images):
+        raise ValueError(f"video {video_id!r} mixes a video file ({video}) with other frame files")
     probs = None
     if probs_file is not None:
         record = load_video_probs(probs_file)
+        frame_rate = record.frame_rate if frame_rate is None else frame_rate
         probs, p_index, p_number = record.probs, record.frame_index, record.frame_number
         pos = np.searchsorted(number, p_number)
         pos_c = np.minimum(pos, max(len(number) - 1, 0))
@@ -126,6 +124,8 @@ def load_exam(
         o = np.argsort(p_number, kind="stable")
         probs, index, number = probs[o], p_index[o], p_number[o]
         images = [images[i] for i in pos_c[o]]
+    if frame_rate is None and video is not None:
+        frame_rate = probe_video(video).fps
     if probs is None:
         probs = np.zeros((len(index), 0), np.float32)
     record = Video(
@@ -134,9 +134,10 @@ def load_exam(
         index.astype(np.int64),
         number.astype(np.int64),
         events=None if gt_events is None else [dict(e) for e in gt_events],
+        frame_rate=frame_rate,
     )
     return record, ExamFrames(
-        images=None if video is not None else images, video=video, fps=float(fps) if fps else None
+        images=None if video is not None else images, video=video, frame_rate=float(frame_rate) if frame_rate else None
     )
 
 

@@ -23,7 +23,7 @@ def write_run_review(
     datalist: Sequence[Mapping[str, Any]],
     probs_dir: str | os.PathLike | None = None,
     gt: str | os.PathLike | Mapping[str, Any] | None = None,
-    fps: float | None = None,
+    frame_rate: float | None = None,
     **kwargs: Any,
 ) -> Path | None:
     """Write the review site of a run's event JSON (rank 0 only; nothing when ``review_dir`` is ``None``).
@@ -39,7 +39,7 @@ def write_run_review(
         datalist: the run's frame datalist (every video of the JSON; frame images or video files).
         probs_dir: the run's per-video probability files.
         gt: ground-truth event JSON (path or object), e.g. the evaluation's ``ground_truth.json``.
-        fps: frame rate of frame folders (video files carry their own).
+        frame_rate: frame rate of every exam (``None``: each probability file's, else a video file's).
         kwargs: more :func:`monai_vce.review.write_review_site` arguments.
 
     Returns:
@@ -58,7 +58,9 @@ def write_run_review(
     pred, units = events_in_common_units(events_file, load_events(events_file), gt, None, probs_dir, str(events_file))
     keep = {str(v["video_id"]) for v in pred["videos"]}
     data = [d for d in datalist if str(d["video_id"]) in keep]
-    index = write_review_site(pred, data, review_dir, probs_dir=probs_dir, gt=gt, frame_units=units, fps=fps, **kwargs)
+    index = write_review_site(
+        pred, data, review_dir, probs_dir=probs_dir, gt=gt, frame_units=units, frame_rate=frame_rate, **kwargs
+    )
     logger.info(f"review site of {len(keep)} videos: {index}")
     print(f"review site: {Path(index).resolve()}", flush=True)
     return index

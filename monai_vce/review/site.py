@@ -242,7 +242,8 @@ def exam_data(
         "name": name,
         "state_key": _state_key(video.video_id, units, pred, ids),
         "units": units,
-        "fps": frames.fps,
+        "frame_rate": frames.frame_rate,
+        "duration_seconds": _duration(video, frames.frame_rate),
         "num_frames": t,
         "source": os.path.basename(frames.video) if frames.video is not None else None,
         "frame_index": _int_array(video.frame_index),
@@ -273,13 +274,21 @@ def exam_data(
         "page": f"exams/{quote(name)}.html",
         "state_key": data["state_key"],
         "num_frames": t,
-        "fps": frames.fps,
+        "frame_rate": frames.frame_rate,
+        "duration_seconds": data["duration_seconds"],
         "units": units,
         "labels": [n for n in LABELS if n in found],
         "gt_events": None if gt is None else len(gt),
         "events": [{"start": e["start"], "end": e["end"], "label": e["label"]} for e in entries],
     }
     return data, job, entry
+
+
+def _duration(video: Video, frame_rate: float | None) -> float | None:
+    """Seconds an exam spans (first to last frame number), ``None`` without a frame rate or frames."""
+    if not frame_rate or not len(video):
+        return None
+    return round(float(video.frame_number[-1] - video.frame_number[0] + 1) / frame_rate, 3)
 
 
 _EXAM_PAGE = """<!DOCTYPE html>
@@ -331,7 +340,7 @@ def write_review_site(
     probs_dir: PathLike | None = None,
     gt: PathLike | Mapping[str, Any] | None = None,
     frame_units: FrameUnits | str | None = None,
-    fps: float | None = None,
+    frame_rate: float | None = None,
     videos: Sequence[str] | None = None,
     strip_frames: int = 1500,
     max_event_thumbnails: int = 1000,
@@ -355,7 +364,8 @@ def write_review_site(
             these units; the frame viewer also names the frame's file and the other id). ``None``: the units
             recorded beside the event files (``<name>.meta.json``; the ground truth's first), else ``frame_index``.
             An event file recorded in other units is refused, or converted with ``probs_dir`` for the prediction.
-        fps: frame rate of frame folders, for durations in seconds (video files carry their own).
+        frame_rate: frame rate of every exam, for durations in seconds; ``None``: each probability file's own
+            (:func:`monai_vce.data.video_frame_rates`), else a video file's.
         videos: video ids to include, in this order (default: every video of ``pred``, in its order).
         strip_frames: timeline thumbnails per exam.
         max_event_thumbnails: events per exam with their own thumbnails (confidence order).
@@ -388,7 +398,7 @@ def write_review_site(
         max_full_frames=max_full_frames,
         thumb_size=thumb_size,
         num_workers=num_workers,
-        fps=fps,
+        frame_rate=frame_rate,
     )
     if probs_dir is not None and not Path(probs_dir).is_dir():
         raise FileNotFoundError(f"probability folder {safe_text(probs_dir)} not found (or not a folder)")
@@ -431,7 +441,7 @@ def write_review_site(
             by_video[vid],
             gt_events=None if gt_videos is None else gt_videos.get(vid, []),
             probs_file=npz,
-            fps=fps,
+            frame_rate=frame_rate,
         )
         ids = video.frame_ids(units)
         _check_range(vid, ids, pred_videos[vid], "predicted", units)
@@ -539,7 +549,7 @@ _SETTINGS: dict[str, tuple[int, int]] = {
 }
 
 
-def _check_settings(fps: float | None, **values: Any) -> None:
+def _check_settings(frame_rate: float | None, **values: Any) -> None:
     """One line naming the setting when a number is out of its range (before anything is written)."""
     for name, value in values.items():
         if value is None and name == "num_workers":
@@ -547,8 +557,10 @@ def _check_settings(fps: float | None, **values: Any) -> None:
         lo, hi = _SETTINGS[name]
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
             raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
-    if fps is not None and not (isinstance(fps, (int, float)) and np.isfinite(fps) and 0 < fps <= 10_000):
-        raise ValueError(f"fps must be a frame rate in (0, 10000] frames per second, got {fps!r}")
+    if frame_rate is not None and not (
+        isinstance(frame_rate, (int, float)) and np.isfinite(frame_rate) and 0 < frame_rate <= 10_000
+    ):
+        raise ValueError(f"frame_rate must be in (0, 10000] frames per second, got {frame_rate!r}")
 
 
 def _check_range(

@@ -35,7 +35,7 @@ def review(
         datalist: the run's frame datalist (frame images or video files of every video of the JSON).
         probs_dir: the probability files decoded into ``events_file``.
         ground_truth: ground-truth event JSON (path or object).
-        kwargs: more :func:`monai_vce.review.write_review_site` arguments (e.g. ``fps``).
+        kwargs: more :func:`monai_vce.review.write_review_site` arguments (e.g. ``frame_rate``).
 
     Returns:
         The site's ``index.html``, or ``None`` when nothing was written.

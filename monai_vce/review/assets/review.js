@@ -181,7 +181,7 @@
       ]);
       var link = el("a", { href: ex.page, className: "button primary", text: "Review" });
       var name = el("a", { href: ex.page, className: "exam-name", text: ex.video_id });
-      var dur = ex.fps ? fmtDuration(ex.num_frames / ex.fps) : "–";
+      var dur = ex.duration_seconds != null ? fmtDuration(ex.duration_seconds) : "–";
       tbody.appendChild(el("tr", { className: "exam-row", dataset: { video: ex.video_id } }, [
         el("td", null, [name]), el("td", { className: "num", text: fmt(ex.num_frames) }),
         el("td", { className: "num", text: dur }), el("td", { className: "num", text: fmt(ex.events.length) }),
@@ -279,8 +279,8 @@
   };
 
   ExamPage.prototype.seconds = function (s, e) {
-    if (!this.d.fps) return null;
-    return (this.frameNumber[e] - this.frameNumber[s] + 1) / this.d.fps;
+    if (!this.d.frame_rate) return null;
+    return (this.frameNumber[e] - this.frameNumber[s] + 1) / this.d.frame_rate;
   };
 
   ExamPage.prototype.frameUrl = function (row) {
@@ -447,7 +447,7 @@
     include.checked = !!this.state.includePending;
     include.addEventListener("change", function () { self.state.includePending = include.checked; self.save(); });
     var meta = [fmt(this.T) + " frames"];
-    if (d.fps) meta.push(fmtDuration(this.T / d.fps) + " at " + (+d.fps.toFixed(2)) + " fps");
+    if (d.frame_rate) meta.push(fmtDuration(d.duration_seconds) + " at " + (+d.frame_rate.toFixed(2)) + " frames/s");
     meta.push("frames shown in " + this.unitName + " units");
     if (d.source) meta.push("video file " + d.source);
     var header = el("header", { className: "topbar" }, [
@@ -719,7 +719,7 @@
     if (this.d.units === "frame_index") sub.push("frame number " + fmt(this.frameNumber[row]));
     else sub.push("frame index " + fmt(this.frameIndex[row]));
     sub.push(this.fileName(row));
-    if (this.d.fps) sub.push(clock(this.frameNumber[row] / this.d.fps));
+    if (this.d.frame_rate) sub.push(clock(this.frameNumber[row] / this.d.frame_rate));
     this.frameSub.textContent = sub.join(" · ");
     this.renderFrameInfo();
     // preload the neighbours for smooth stepping
