@@ -17,7 +17,7 @@ from conftest import GALAR_MISSING
 from PIL import Image
 
 from monai_vce.labels import LABELS, SECTIONS
-from monai_vce.metrics import temporal_map
+from monai_vce.metrics import lesion_froc, metrics_by_group, temporal_map
 from monai_vce.report import (
     draw_summary,
     draw_timeline,
@@ -239,6 +239,7 @@ def test_write_report_numbers_equal_temporal_map(files, tmp_path):
     out = tmp_path / "report"
     res = write_report(pred, out, gt=gt, probs_dir=probs)
     expected = temporal_map(gt, pred)
+    expected["lesions"] = lesion_froc(gt, pred)
     assert res["metrics"] == expected
     assert set(res["timelines"]) == {"a", "b"}
     for vid, path in res["timelines"].items():
@@ -285,7 +286,7 @@ def test_subset_of_videos(files, tmp_path):
     res = write_report(pred, tmp_path / "r", gt=gt, probs_dir=probs, videos=["b"])
     only_b = {"videos": [v for v in GT["videos"] if v["video_id"] == "b"]}
     pred_b = {"videos": [v for v in PRED["videos"] if v["video_id"] == "b"]}
-    assert res["metrics"] == temporal_map(only_b, pred_b)
+    assert res["metrics"] == {**temporal_map(only_b, pred_b), "lesions": lesion_froc(only_b, pred_b)}
     assert list(res["timelines"]) == ["b"]
     with pytest.raises(ValueError, match="'zz'"):
         write_report(pred, tmp_path / "r2", gt=gt, videos=["zz"])
@@ -299,7 +300,7 @@ def test_in_memory_prediction_with_scores(files, tmp_path):
         ]
     }
     res = write_report(pred, tmp_path / "mem", gt=gt)
-    assert res["metrics"] == temporal_map(gt, PRED)
+    assert res["metrics"] == {**temporal_map(gt, PRED), "lesions": lesion_froc(gt, pred)}
     assert "- Prediction: `prediction`" in res["summary_md"].read_text()
 
 
@@ -415,3 +416,30 @@ def test_real_galar_longest_video_timeline():
     ax = _lanes(fig)
     assert ax.get_xlim()[1] == events[-1]["end"] + 1 > 100_000
     assert len(ax.collections) <= 2 * 17
+
+
+def test_report_rows_per_capsule_lesions_and_seconds(files, tmp_path):
+    from monai_vce.events import load_video_probs, save_video_probs
+
+    gt, pred, probs = files
+    rated = tmp_path / "rated"
+    # video a at 4 frames/s, every 2nd frame a row: 2 rows per second; video b has no frame rate
+    save_video_probs(rated / "a.npz", load_video_probs(probs / "a.npz").replace(frame_rate=4.0))
+    save_video_probs(rated / "b.npz", load_video_probs(probs / "b.npz"))
+    groups = {"a": "PillCam SB3", "b": "NaviCam"}
+    res = write_report(pred, tmp_path / "report", gt=gt, probs_dir=rated, groups=groups)
+    by_group = metrics_by_group(gt, pred, groups)
+    assert res["metrics"]["per_capsule"] == by_group
+    md = res["summary_md"].read_text()
+    assert "## Per capsule" in md and "## Lesions (pathology events)" in md
+    for name, g in by_group.items():
+        assert f"| {name} | 1 | {g['mAP@0.5']:.3f} | {g['mAP@0.95']:.3f} | {g['lesions']} |" in md
+    les = lesion_froc(gt, pred)["overall"]["overlap"]
+    assert f"| all pathology | {les['lesions']} |" in md
+    # a: frame numbers 0..7998 at 4 frames/s = 33:20; its one pathology event (angiectasia) covers 30 rows = 15 s
+    pv = res["metrics"]["per_video"]["a"]
+    assert f"| a | 33:20 | 0:15 | {pv['mAP@0.5']:.3f} |" in md
+    assert re.search(r"\| b \| - \| - \| [0-9.]+ \|", md)
+    summary = json.loads(res["summary_json"].read_text())
+    assert summary["durations_seconds"]["a"] == {"duration": 1999.75, "flagged": 15.0}
+    assert summary["durations_seconds"]["b"] == {"duration": None, "flagged": None}

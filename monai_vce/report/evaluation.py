@@ -168,7 +168,9 @@ def evaluation_report(
         try:
             report = Path(report_dir) if report_dir is not None else out / "val_report"
             # the report reads the units from the sidecars of the two event files
-            write_report(events_file, report, gt=out / "ground_truth.json", probs_dir=probs_dir)
+            write_report(
+                events_file, report, gt=out / "ground_truth.json", probs_dir=probs_dir, groups=video_capsules(datalist)
+            )
         except ImportError as e:  # matplotlib is an optional extra
             logger.warning(f"report not drawn ({e}); install monai-vce[report] for timelines")
     return result

@@ -1,5 +1,6 @@
-"""The summary page of an evaluation: overall and per-video mAP, per-class AP and presence decisions, laid out
-from :func:`monai_vce.metrics.temporal_map`.
+"""The summary page of an evaluation: overall and per-video mAP, per-class AP, lesion-level sensitivity, per-capsule
+rows and presence decisions, laid out from :func:`monai_vce.metrics.temporal_map`, :func:`~monai_vce.metrics.lesion_froc`
+and :func:`~monai_vce.metrics.metrics_by_group`; durations in seconds where the frame rate is known.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from urllib.parse import quote
 import numpy as np
 
 from monai_vce.events.metadata import events_in_common_units
-from monai_vce.events.probabilities import load_video_probs, probability_file, probability_files, video_file_name
+from monai_vce.events.probabilities import Video, load_video_probs, probability_file, probability_files, video_file_name
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.events.validation import check_events, load_events
-from monai_vce.labels import ANATOMY, LABELS, NUM_LABELS
+from monai_vce.labels import ANATOMY, LABELS, NUM_LABELS, PATHOLOGY
+from monai_vce.metrics.groups import metrics_by_group
+from monai_vce.metrics.lesions import lesion_froc
 from monai_vce.metrics.temporal_map import temporal_map
 from monai_vce.report.timeline import GT_COLOR, PRED_COLOR, draw_timeline, figure_to_png, require_matplotlib
 from monai_vce.utils import (
@@ -37,6 +40,8 @@ __all__ = [
     "present_labels",
     "presence_matrix",
     "per_label_ap",
+    "format_seconds",
+    "flagged_seconds",
     "summary_markdown",
     "draw_summary",
     "write_report",
@@ -166,6 +171,69 @@ def _f(v: Any) -> str:
     return f"{float(v):.3f}"
 
 
+def _opt(v: Any) -> str:
+    return "-" if v is None else _f(v)
+
+
+def _lesion_section(lesions: Mapping[str, Any]) -> list[str]:
+    """The lesion-level table: per pathology label and overall, sensitivity at each false-alarm rate (events
+    matched by overlap), sensitivity and false alarms of all events, and the reading workload."""
+    rates = [str(r) if not float(r).is_integer() else str(int(r)) for r in lesions["false_alarm_rates"]]
+    out = [
+        "## Lesions (pathology events)",
+        "",
+        "A ground-truth event is found when a predicted event of its label overlaps it by a frame; sensitivity at "
+        "k false-alarm events per exam keeps the most confident events up to that cost ('-': not reached).",
+        "",
+    ]
+    blocks = [("all pathology", lesions["overall"]["overlap"])]
+    blocks += [(name, lesions["per_label"][name]["overlap"]) for name in lesions["labels"]]
+    rows = []
+    for name, b in blocks:
+        alle = b["all_events"]
+        rows.append(
+            [
+                name,
+                b["lesions"],
+                *(_opt(b["sensitivity"].get(r)) for r in rates),
+                _opt(b.get("froc_score")),
+                _opt(alle["sensitivity"]),
+                _f(alle["false_alarms_per_exam"]),
+            ]
+        )
+    header = ["label", "lesions", *(f"sens@{r}FA" for r in rates), "FROC", "sens (all events)", "FA/exam"]
+    return [*out, _md_table(header, rows), ""]
+
+
+def format_seconds(seconds: float | None) -> str:
+    """``h:mm:ss`` (``m:ss`` under an hour) of a duration, ``"-"`` when unknown."""
+    if seconds is None or not np.isfinite(seconds):
+        return "-"
+    total = round(float(seconds))
+    h, rest = divmod(total, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+def flagged_seconds(
+    video: Video, events: Sequence[Mapping[str, Any]], frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX
+) -> float | None:
+    """Seconds of a video under at least one predicted pathology event (what a reader must look at): the rows
+    covered over the video's row rate; ``None`` when its frame rate is unknown."""
+    rate = video.rows_per_second
+    if rate is None:
+        return None
+    ids = video.frame_ids(frame_units)
+    spans = [(int(e["start"]), int(e["end"])) for e in events if any(n in PATHOLOGY for n in e["label"])]
+    if not spans or not len(ids):
+        return 0.0
+    starts, ends = np.asarray(spans, dtype=np.int64).T
+    first, stop = np.searchsorted(ids, starts, side="left"), np.searchsorted(ids, ends, side="right")
+    cover = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.add.at(cover, first, 1)
+    np.add.at(cover, stop, -1)
+    return float((np.cumsum(cover[:-1]) > 0).sum()) / rate
+
+
 def summary_markdown(
     pred_videos: Mapping[str, Sequence[Mapping[str, Any]]],
     gt_videos: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
@@ -174,11 +242,14 @@ def summary_markdown(
     summary_png: str | None = None,
     sources: Mapping[str, Any] | None = None,
     frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
+    lesions: Mapping[str, Any] | None = None,
+    per_group: Mapping[str, Mapping[str, Any]] | None = None,
+    durations: Mapping[str, Mapping[str, float | None]] | None = None,
 ) -> str:
     """Compose the summary page in Markdown.
 
-    With ground truth: the overall mAP, a per-video table, a per-class table and the presence matrix. Without
-    it (inference): the predicted labels per video, no scores.
+    With ground truth: the overall mAP, a per-video table, a per-class table, the lesion-level table, the
+    per-capsule rows and the presence matrix. Without it (inference): the predicted labels per video, no scores.
 
     Args:
         pred_videos: ``{video_id: predicted events}`` of the videos reported, in report order.
@@ -188,8 +259,19 @@ def summary_markdown(
         summary_png: path of the summary PNG relative to the Markdown file.
         sources: ``{"pred": .., "gt": .., "probs": ..}`` descriptions of the inputs, listed on the page.
         frame_units: frame units of the event files.
+        lesions: the :func:`~monai_vce.metrics.lesion_froc` result of these videos (with ground truth).
+        per_group: the :func:`~monai_vce.metrics.metrics_by_group` result by capsule (with ground truth).
+        durations: ``{video_id: {"duration": s, "flagged": s}}`` (seconds, ``None`` when the rate is unknown):
+            columns of the per-video tables when any is known.
     """
     timelines = timelines or {}
+    timed = bool(durations) and any(d.get("duration") is not None for d in durations.values())  # type: ignore[union-attr]
+
+    def times(vid: str) -> list[str]:
+        d = (durations or {}).get(vid, {})
+        return [format_seconds(d.get("duration")), format_seconds(d.get("flagged"))] if timed else []
+
+    time_cols = ["duration", "flagged (pathology)"] if timed else []
     out = ["# Evaluation report" if gt_videos is not None else "# Inference report", ""]
     for key, name in (("pred", "Prediction"), ("gt", "Ground truth"), ("probs", "Frame probabilities")):
         if sources and sources.get(key):
@@ -205,8 +287,9 @@ def summary_markdown(
         for vid, events in pred_videos.items():
             labels = present_labels(events)
             link = _md_link("timeline", timelines[vid]) if vid in timelines else ""
-            rows.append([_md_text(vid), len(events), ", ".join(labels) if labels else "(none)", link])
-        out += [_md_table(["video", "events", "predicted labels", "timeline"], rows, ["l", "r", "l", "l"]), ""]
+            rows.append([_md_text(vid), *times(vid), len(events), ", ".join(labels) if labels else "(none)", link])
+        header = ["video", *time_cols, "events", "predicted labels", "timeline"]
+        out += [_md_table(header, rows, ["l", *["r"] * len(time_cols), "r", "l", "l"]), ""]
         return "\n".join(out)
 
     if metrics is None:
@@ -230,6 +313,7 @@ def summary_markdown(
         rows.append(
             [
                 _md_text(vid),
+                *times(vid),
                 _f(pv["mAP@0.5"]),
                 _f(pv["mAP@0.95"]),
                 codes.count("TP"),
@@ -240,12 +324,31 @@ def summary_markdown(
         )
     out += [
         _md_table(
-            ["video", "mAP@0.5", "mAP@0.95", "TP labels", "FP labels", "FN labels", "timeline"],
+            ["video", *time_cols, "mAP@0.5", "mAP@0.95", "TP labels", "FP labels", "FN labels", "timeline"],
             rows,
-            ["l", "r", "r", "r", "r", "r", "l"],
+            ["l", *["r"] * len(time_cols), "r", "r", "r", "r", "r", "l"],
         ),
         "",
     ]
+    if per_group:
+        out += ["## Per capsule", ""]
+        rates = list(next(iter(per_group.values()))["lesion_sensitivity"])
+        rows = [
+            [
+                _md_text(name),
+                g["videos"],
+                _f(g["mAP@0.5"]),
+                _f(g["mAP@0.95"]),
+                g["lesions"],
+                *(_opt(g["lesion_sensitivity"][r]) for r in rates),
+                _f(g["false_alarms_per_exam_all_events"]),
+            ]
+            for name, g in per_group.items()
+        ]
+        header = ["capsule", "videos", "mAP@0.5", "mAP@0.95", "lesions", *(f"sens@{r}FA" for r in rates)]
+        out += [_md_table([*header, "FA/exam (all events)"], rows), ""]
+    if lesions:
+        out += _lesion_section(lesions)
 
     out += [
         "## Per class",
@@ -573,6 +676,7 @@ def write_report(
     probs_dir: str | os.PathLike | None = None,
     frame_units: FrameUnits | str | None = None,
     videos: Sequence[str] | None = None,
+    groups: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Write the report of a prediction: one timeline PNG per video and a summary (Markdown, PNG, JSON).
 
@@ -608,6 +712,8 @@ def write_report(
             files, else ``"frame_index"``.
         videos: optional subset of video ids to report, in this order; default all, in ground-truth order
             (prediction order without ground truth).
+        groups: ``{video_id: capsule}`` (:func:`monai_vce.data.video_capsules`): with ground truth, the summary
+            has a row of scores per capsule.
 
     Returns:
         ``{"timelines": {video_id: Path}, "summary_md": Path, "summary_png": Path | None,
@@ -656,6 +762,9 @@ def write_report(
         sub_gt = {"videos": [{"video_id": v, "events": gt_videos[v]} for v in order]}
         sub_pred = {"videos": [{"video_id": v, "events": pred_videos[v]} for v in order]}
         metrics = temporal_map(sub_gt, sub_pred)
+        metrics["lesions"] = lesion_froc(sub_gt, sub_pred, validate=False)
+        if groups:
+            metrics["per_capsule"] = metrics_by_group(sub_gt, sub_pred, groups, validate=False)
 
     out = Path(out_dir)
     # the folder is locked (no other run writes there meanwhile) and every file of this report is recorded in the
@@ -690,6 +799,7 @@ def _write_report_files(
     """Draw and write the files of :func:`write_report` (its inputs checked) into the locked folder ``out``."""
     pred_src, gt_src = srcs["pred"], srcs["gt"]
     timelines: dict[str, Path] = {}
+    durations: dict[str, dict[str, float | None]] = {}
     for vid in order:
         probs = ids = None
         if probs_path is not None:
@@ -698,6 +808,8 @@ def _write_report_files(
                 raise FileNotFoundError(f"probability file {npz} of video {vid!r} not found")
             video = load_video_probs(npz)
             probs, ids = video.probs, video.frame_ids(units)
+            flagged = flagged_seconds(video, pred_videos[vid], units)
+            durations[vid] = {"duration": video.duration_seconds(), "flagged": flagged}
             _check_range(npz, vid, ids, pred_videos[vid], "predicted", units)
             if gt_videos is not None:
                 _check_range(npz, vid, ids, gt_videos[vid], "ground-truth", units)
@@ -733,6 +845,9 @@ def _write_report_files(
         summary_png="summary.png" if summary_png is not None else None,
         sources=sources,
         frame_units=units,
+        lesions=metrics.get("lesions") if metrics is not None else None,
+        per_group=metrics.get("per_capsule") if metrics is not None else None,
+        durations=durations,
     )
     summary_md = atomic_write_text(out / "summary.md", md)
     summary_json = atomic_write_json(
@@ -744,6 +859,7 @@ def _write_report_files(
             "metrics": metrics,
             "presence": presence,
             "predicted_labels": {v: present_labels(pred_videos[v]) for v in order},
+            "durations_seconds": durations or None,
             "timelines": rel,
         },
     )
