@@ -73,6 +73,7 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     "screening": _BOOL,
     "review_events": ("str", {"choices": ("screening", "challenge")}),
     "false_alarms_per_exam": ("number", {"minimum": 0, "maximum": 1e6, "optional": True}),
+    "screening_calibration": ("str", {"choices": ("platt", "temperature"), "optional": True}),
     "frame_rate": ("number", {"minimum": 1e-3, "maximum": 10_000, "optional": True}),
     "video_cache_dir": ("path", {"optional": True}),
     "batch_size": _COUNT,

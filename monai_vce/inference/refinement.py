@@ -158,9 +158,11 @@ class DecoderTarget:
         )
 
     def _transform(self, probs: np.ndarray) -> np.ndarray:
-        if self.probs_transform is None:
-            return probs
-        return np.asarray(self.probs_transform(probs), dtype=np.float32)
+        if self.probs_transform is not None:
+            probs = np.asarray(self.probs_transform(probs), dtype=np.float32)
+        # the decoder's own calibration (increasing: bounds stay bounds) comes last, as in EventDecoder
+        calibration = getattr(self.decoder, "calibration", None)
+        return probs if calibration is None else calibration(probs)
 
     def envelope(
         self, values: np.ndarray, known: np.ndarray, margin: float | None = None

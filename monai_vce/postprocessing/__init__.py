@@ -29,6 +29,7 @@ from .anatomy import (
     transition_scores,
     viterbi_sections,
 )
+from .calibration import CALIBRATION_METHODS, ProbabilityCalibration, load_calibration
 from .chain import (
     CHAIN_STEPS,
     PAPER_ORDER,
@@ -50,7 +51,7 @@ from .gating import (
     presence_features,
     video_folds,
 )
-from .params import DecoderParams, decoder_params_schema
+from .params import WINDOW_SECONDS_PARAMS, DecoderParams, decoder_params_schema
 from .screening import SCREENING_THRESHOLDS, load_screening_decoder, screening_operating_point, tune_screening
 from .simulate import NOISE_LEVELS, simulate_probabilities
 from .steps import MAX_FRAMES, ChainStep, Param
@@ -108,6 +109,10 @@ __all__ = [
     "DEFAULT_GRIDS",
     "tune_decoder",
     "tune_screening",
+    "CALIBRATION_METHODS",
+    "ProbabilityCalibration",
+    "load_calibration",
+    "WINDOW_SECONDS_PARAMS",
     "screening_operating_point",
     "load_screening_decoder",
     "SCREENING_THRESHOLDS",

@@ -97,6 +97,8 @@ class EventDecoder:
 
     def __init__(self, params: DecoderParams | Mapping[str, Any] | str | os.PathLike | None = None) -> None:
         self.params = _as_params(params)
+        #: applied to the probabilities before anything else (the parameters' ``calibration``)
+        self.calibration = self.params.calibration
         self._at_rate: dict[float, EventDecoder] = {}
         self._warned_rate = False
 
@@ -132,7 +134,10 @@ class EventDecoder:
         if frame_ids is None:
             frame_ids = np.arange(np.asarray(probs).shape[0])
         probs, frame_ids = check_probabilities(probs, frame_ids, video_id)
-        return self._masks(probs)[0]
+        return self._masks(self._calibrated(probs))[0]
+
+    def _calibrated(self, probs: np.ndarray) -> np.ndarray:
+        return probs if self.calibration is None else self.calibration(probs)
 
     def _masks(self, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         p = self.params
@@ -172,6 +177,7 @@ class EventDecoder:
         if decoder is not self:
             return decoder(probs, frame_ids, video_id)
         probs, frame_ids = check_probabilities(probs, frame_ids, video_id)
+        probs = self._calibrated(probs)
         mask, _ = self._masks(probs)
         return self.compose(mask, frame_ids, probs)
 

@@ -30,6 +30,7 @@ from monai_vce.labels import LABELS, LANDMARKS, SECTIONS
 from monai_vce.utils import atomic_write_json, read_json_file
 
 from .anatomy import ANATOMY_PARAMS, LANDMARK_WINDOW
+from .calibration import ProbabilityCalibration
 from .chain import CHAIN_STEPS, PAPER_ORDER
 from .gating import PRESENCE_FEATURES, PRESENCE_PARAMS
 from .steps import MAX_FRAMES, Param
@@ -56,6 +57,7 @@ _TOP_KEYS = (
     "anatomy",
     "scores",
     "window_seconds",
+    "calibration",
     "fit",
 )
 #: The frame-count parameters that may be given in seconds (``"window_seconds"``), converted per video at its row rate.
@@ -155,6 +157,7 @@ def decoder_params_schema() -> dict[str, Any]:
                 },
                 "additionalProperties": False,
             },
+            "calibration": {"type": "object"},
             "fit": {"type": "object"},
         },
         "additionalProperties": False,
@@ -284,6 +287,7 @@ class DecoderParams(Mapping[str, Any]):
          "scores": bool,  # optional (false): events carry "score", the screening profile's
          "window_seconds": {"median_window" | "max_gap" | "min_length": {"<label>": s}, "landmark_window": {..}},
                     # optional: windows in seconds, converted per video at its row rate (rows_at)
+         "calibration": {...},   # optional: a ProbabilityCalibration.to_dict() applied to the probabilities first
          "fit": {...}}   # optional, free-form record of how the parameters were fitted
 
     The object is read-only (``params["labels"]["ulcer"]["threshold"]``); derive changed parameters with
@@ -341,6 +345,11 @@ class DecoderParams(Mapping[str, Any]):
         if errors:
             # the shallowest error first: an unknown or missing key explains the errors below it
             self._fail(*_message(errors[0]))
+        if "calibration" in d:
+            try:
+                ProbabilityCalibration.from_dict(d["calibration"])
+            except ValueError as e:
+                self._fail("calibration", str(e))
         order = d["order"]
         if "threshold" not in order:
             self._fail("order", "must contain 'threshold'")
@@ -451,6 +460,12 @@ class DecoderParams(Mapping[str, Any]):
         d = self.to_dict()
         d["anatomy"].update(changes)
         return DecoderParams(d, source=self.source)
+
+    @property
+    def calibration(self) -> ProbabilityCalibration | None:
+        """The probability calibration the decoder applies first (``calibration``), ``None`` without one."""
+        data = self._data.get("calibration")
+        return None if data is None else ProbabilityCalibration.from_dict(_thaw(data))
 
     # time -----------------------------------------------------------------------------------------
     def rows_at(self, rows_per_second: float) -> DecoderParams:

@@ -19,6 +19,7 @@ from ..events.units import FrameUnits, as_frame_units
 from ..labels import LABELS, NUM_LABELS, SECTIONS
 from ..metrics.temporal_map import average_precision, temporal_map
 from .anatomy import DEFAULT_ANATOMY_GRID
+from .calibration import ProbabilityCalibration
 from .chain import CHAIN_STEPS, PAPER_ORDER
 from .core import SECTION_COLUMNS, column_sections, decode_columns, section_mask, section_sequence
 from .decoder import DecoderParams, EventDecoder, check_probabilities
@@ -337,6 +338,7 @@ def tune_decoder(
     profile: str = "challenge",
     false_alarms_per_exam: float = 2.0,
     window_seconds: bool = False,
+    calibration: str | None = None,
     verbose: bool = False,
 ) -> DecoderParams:
     """Fit the decoder's parameters on validation videos by maximising temporal mAP (see ``docs/design/decoding.md``).
@@ -383,6 +385,10 @@ def tune_decoder(
         window_seconds: also give the tuned windows in seconds (``window_seconds``, :meth:`DecoderParams.with_seconds`)
             at the videos' median row rate, so that a video recorded at another rate converts them; every video
             needs its ``frame_rate``.
+        calibration: ``"platt"`` or ``"temperature"``: fit a per-label :class:`ProbabilityCalibration` on the
+            videos' frame targets, tune on the calibrated probabilities (``base``'s thresholds mapped through it)
+            and record it in the parameters (``calibration``), which the decoder then applies first. ``None``:
+            ``base``'s calibration, if any, is kept.
         verbose: print progress.
 
     Returns:
@@ -398,6 +404,7 @@ def tune_decoder(
             f"window_seconds: validation video {missing!r} has no frame rate; give the videos' frame rates "
             "(metadata.csv frame_rate column or the bundle's frame_rate) or leave the windows in rows"
         )
+    listed, base, calib = _calibrated_inputs(listed, base, calibration)
     params = _tune_decoder(
         listed,
         base,
@@ -420,10 +427,43 @@ def tune_decoder(
         false_alarms_per_exam=false_alarms_per_exam,
         verbose=verbose,
     )
+    if calib is not None:
+        params = params.replace(calibration=calib.to_dict())
     if rate is None:
         return params
     params = params.replace(fit={**dict(params.get("fit") or {}), "rows_per_second": round(rate, 6)})
     return params.with_seconds(rate) if window_seconds else params
+
+
+def _calibrated_inputs(
+    videos: list[Video], base: DecoderParams | Mapping[str, Any] | None, method: str | None
+) -> tuple[list[Video], DecoderParams | None, ProbabilityCalibration | None]:
+    """The videos and ``base`` in the probability space the tuning works in, and the calibration that maps the
+    frame model's probabilities there (fitted with ``method``, else ``base``'s); ``base`` is returned without it,
+    so that the tuning's decoders do not apply it a second time."""
+    start = None if base is None else base if isinstance(base, DecoderParams) else DecoderParams(base)
+    calib = None if start is None else start.calibration
+    if start is not None and calib is not None:
+        start = DecoderParams({k: v for k, v in start.to_dict().items() if k != "calibration"}, source=start.source)
+    if method is not None:
+        missing = next((v for v in videos if v.targets is None), None)
+        if missing is not None:
+            raise ValueError(f"calibration: validation video {missing.video_id!r} has no frame targets to fit it on")
+        if calib is not None:
+            raise ValueError("calibration: base already carries a calibration; give one or the other")
+        probs = np.concatenate([v.probs for v in videos]) if videos else np.zeros((0, NUM_LABELS), np.float32)
+        targets = np.concatenate([v.targets for v in videos]) if videos else probs  # type: ignore[misc]
+        calib = ProbabilityCalibration.fit(probs, targets, method=method)
+        if start is not None:
+            # an increasing map: thresholding the mapped probabilities at the mapped thresholds is the same mask
+            mapped = calib(start.per_label("threshold")[None, :].astype(np.float64))[0]
+            labels = start.to_dict()["labels"]
+            for name, t in zip(LABELS, mapped, strict=True):
+                labels[name]["threshold"] = float(t)
+            start = start.replace(labels=labels)
+    if calib is None:
+        return videos, start, None
+    return [v.replace(probs=calib(v.probs)) for v in videos], start, calib
 
 
 def _tune_decoder(

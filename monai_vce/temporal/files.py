@@ -193,9 +193,10 @@ def refine_folder(
             own.add(target.name)
             atomic_write_json(out_dir / MANIFEST, {"writer": "monai_vce.temporal.refine_folder", "files": sorted(own)})
         try:
-            refined = refiner.refine(
-                video.probs, video.features, chunk_size=chunk_size, rows_per_second=video.rows_per_second
-            )
+            # a refiner that records its fitted row rate resamples a video recorded at another one
+            timed = video.rows_per_second is not None and getattr(refiner, "rows_per_second", None) is not None
+            rate = {"rows_per_second": video.rows_per_second} if timed else {}
+            refined = refiner.refine(video.probs, video.features, chunk_size=chunk_size, **rate)
         except ValueError as e:
             raise ValueError(f"probability file {path}: {e}") from None
         save_video_probs(target, video.replace(probs=refined, features=None, inferred=None), source=source)
