@@ -105,6 +105,8 @@ def test_evaluation_scores_the_validation_videos(tmp_path_factory, mini_galar):
             str(out),
             "--num_workers",
             "0",
+            "--frame_rate",
+            "4",
         ]
     )
     metrics = json.loads((out / "metrics.json").read_text())
@@ -139,6 +141,13 @@ def test_evaluation_scores_the_validation_videos(tmp_path_factory, mini_galar):
 
     assert metrics["per_capsule"] and set(metrics["per_capsule"]) <= set(CAPSULES)
     assert sum(g["videos"] for g in metrics["per_capsule"].values()) == len(gt["videos"])
+    # the frame rate setting is recorded in every probability file, and the report counts seconds
+    from monai_vce.events import load_video_probs
+
+    assert {load_video_probs(p).frame_rate for p in (out / "val_probs").glob("*.npz")} == {4.0}
+    summary = (out / "val_report" / "summary.md").read_text()
+    assert "## Per capsule" in summary and "## Lesions (pathology events)" in summary
+    assert "| duration | flagged (pathology) |" in summary
 
 
 def test_resume_never_reuses_probabilities_of_another_model(tmp_path):
