@@ -12,10 +12,16 @@ overlaps it):
 - ``screening @ F``: ``tune_decoder(profile="screening", false_alarms_per_exam=F)`` from the challenge profile,
   fitted on the tuning videos.
 
+With ``--unseen-device``, every second held-out video stands for a capsule never seen in training: its simulated
+logits are rescaled (``x 0.5 - 1``, a miscalibrated device), and a second table splits the scores by device
+(:func:`monai_vce.metrics.metrics_by_group`); ``--calibration platt`` adds the screening profile fitted on
+calibrated probabilities (``tune_decoder(calibration=...)``).
+
 Usage (from the repository root)::
 
     python benchmarks/screening.py            # 3 noise levels, 60/20 split, seed 0
     python benchmarks/screening.py --quick    # 16 videos (12/4)
+    python benchmarks/screening.py --levels medium --budgets 2 --unseen-device --calibration platt --seed 3
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import numpy as np
 from monai_vce.data.synthetic import find_galar_events
 from monai_vce.events import Video
 from monai_vce.labels import LABELS, PATHOLOGY
-from monai_vce.metrics import lesion_froc, temporal_map
+from monai_vce.metrics import lesion_froc, metrics_by_group, temporal_map
 from monai_vce.postprocessing import (
     NOISE_LEVELS,
     DecoderParams,
@@ -54,6 +60,8 @@ def main() -> None:
     parser.add_argument("--budgets", type=float, nargs="+", default=[2.0, 8.0], help="screening budgets F")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="16 videos (12 tuning / 4 held out), 1 round")
+    parser.add_argument("--unseen-device", action="store_true", help="every 2nd held-out video: logits x0.5 - 1")
+    parser.add_argument("--calibration", default=None, help="also the screening profile on calibrated probabilities")
     args = parser.parse_args()
 
     videos = json.loads(Path(args.gt).read_text())["videos"]
@@ -66,9 +74,10 @@ def main() -> None:
     by_id = {v["video_id"]: v for v in videos}
     gt_test = {"videos": [by_id[k] for k in test_ids]}
     lesions = lesion_froc(gt_test, {"videos": []})["overall"]["overlap"]["lesions"]
+    device = {k: "B (unseen)" if args.unseen_device and i % 2 else "A (trained on)" for i, k in enumerate(test_ids)}
     print(f"{len(tune_ids)} tuning videos, {len(test_ids)} held-out videos ({lesions} pathology lesions)")
 
-    rows = []
+    rows, groups = [], []
     for level in args.levels:
         t0 = time.perf_counter()
         sim, truths = {}, {}
@@ -76,7 +85,11 @@ def main() -> None:
             events = by_id[k]["events"]
             ids = np.arange(max(e["end"] for e in events) + 1)
             truths[k] = events_to_frames(events, ids)
-            sim[k] = Video(k, simulate_probabilities(truths[k], level, seed=[args.seed, j]), ids, ids, events=events)
+            probs = simulate_probabilities(truths[k], level, seed=[args.seed, j])
+            if device.get(k, "").startswith("B"):
+                z = np.log(np.clip(probs, 1e-6, 1 - 1e-6) / np.clip(1 - probs, 1e-6, 1))
+                probs = (1 / (1 + np.exp(-(0.5 * z - 1.0)))).astype(np.float32)
+            sim[k] = Video(k, probs, ids, ids, targets=truths[k].astype(np.float32), events=events)
         tune = [sim[k] for k in tune_ids]
         f1 = optimize_thresholds(np.concatenate([v.probs for v in tune]), np.concatenate([truths[k] for k in tune_ids]))
         base = DecoderParams.from_thresholds(dict(zip(LABELS, f1.tolist(), strict=True)))
@@ -89,6 +102,14 @@ def main() -> None:
             variants[f"screening @ {budget:g}"] = tune_decoder(
                 tune, base=challenge, profile="screening", false_alarms_per_exam=budget
             )
+            if args.calibration:
+                variants[f"screening @ {budget:g}, {args.calibration}"] = tune_decoder(
+                    tune,
+                    base=challenge,
+                    profile="screening",
+                    false_alarms_per_exam=budget,
+                    calibration=args.calibration,
+                )
         for name, params in variants.items():
             pred = decode_videos([sim[k] for k in test_ids], EventDecoder(params))
             froc = lesion_froc(gt_test, pred, validate=False)["overall"]
@@ -104,6 +125,8 @@ def main() -> None:
                 )
             )
             rows.append((level, name, o, t, m, shown, note))
+            if args.unseen_device:
+                groups.append((level, name, metrics_by_group(gt_test, pred, device, validate=False)))
         print(f"[{level}] {time.perf_counter() - t0:.0f} s", flush=True)
 
     def f(x):
@@ -124,6 +147,19 @@ def main() -> None:
             f"{f(a['sensitivity'])} / {a['false_alarms_per_exam']:.2f} | {100 * o['workload_share']['4']:.2f} % | "
             f"{shown}/9 | {m['mAP@0.5']:.4f} | {note} |"
         )
+    if groups:
+        print()
+        print(
+            "| noise | decoder | device | videos | lesions | sens @ 1 | @ 2 | @ 4 | all shown: FA per exam | mAP@0.5 |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for level, name, by in groups:
+            for dev, g in by.items():
+                sens = " | ".join(f(g["lesion_sensitivity"][r]) for r in ("1", "2", "4"))
+                print(
+                    f"| {level} | {name} | {dev} | {g['videos']} | {g['lesions']} | {sens} | "
+                    f"{g['false_alarms_per_exam_all_events']:.2f} | {g['mAP@0.5']:.4f} |"
+                )
 
 
 if __name__ == "__main__":
