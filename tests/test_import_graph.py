@@ -46,6 +46,7 @@ FLOORS: dict[str, int] = {
 ALLOWED_DEFERRED: dict[tuple[str, str], str] = {
     ("monai_vce.data.video", "monai_vce.data.frame_cache"): "keeps the video reader free of torch and MONAI",
     ("monai_vce.data.video", "monai_vce.data.frames"): "keeps the video reader free of torch and MONAI",
+    ("monai_vce.metrics.__main__", "monai_vce.data.galar"): "the metric's command needs torch only for --metadata",
     (
         "monai_vce.temporal.protocol",
         "monai_vce.temporal.training",

@@ -205,3 +205,24 @@ def test_metrics_by_group_split_by_capsule():
     assert by["PillCam SB3"]["lesions"] == 2 and by["PillCam SB3"]["lesion_sensitivity"]["1"] == 0.5
     assert by["NaviCam"]["lesions"] == 0 and by["NaviCam"]["false_alarms_per_exam_all_events"] == 1.0
     assert set(metrics_by_group(GT, PRED, {})) == {"unknown"}
+
+
+def test_command_line_scores_per_capsule(tmp_path, capsys):
+    from monai_vce.metrics import metrics_by_group
+
+    gt, pred, meta = tmp_path / "gt.json", tmp_path / "pred.json", tmp_path / "metadata.csv"
+    gt.write_text(json.dumps(GT))
+    pred.write_text(json.dumps(PRED))
+    ids = [str(v["video_id"]) for v in GT["videos"]]
+    meta.write_text(
+        "video_id,capsule\n" + "".join(f"{v},{'NaviCam' if i else 'PillCam SB3'}\n" for i, v in enumerate(ids))
+    )
+    assert metrics_main(["--gt", str(gt), "--events", str(pred), "--metadata", str(meta)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    groups = {v: "NaviCam" if i else "PillCam SB3" for i, v in enumerate(ids)}
+    assert result["per_capsule"] == json.loads(json.dumps(metrics_by_group(GT, PRED, groups)))
+    meta.write_text("video_id,capsule\nnot-a-video,NaviCam\n")
+    assert metrics_main(["--gt", str(gt), "--events", str(pred), "--metadata", str(meta)]) == 2
+    assert "names the capsule of none" in capsys.readouterr().err
+    assert metrics_main(["--gt", str(gt), "--events", str(pred), "--metadata", str(tmp_path / "no.csv")]) == 2
+    assert "--metadata: metadata file not found" in capsys.readouterr().err

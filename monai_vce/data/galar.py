@@ -53,6 +53,7 @@ __all__ = [
     "read_label_csv",
     "read_metadata",
     "read_frame_rates",
+    "metadata_capsules",
     "build_galar_datalist",
     "build_inference_datalist",
     "build_ground_truth",
@@ -598,6 +599,13 @@ def _metadata_rows(path: Path) -> tuple[list[str], list[list[str]]]:
 
 def _column(header: Sequence[str], names: Sequence[str]) -> int | None:
     return next((header.index(n) for n in names if n in header), None)
+
+
+def metadata_capsules(path: PathLike, video_ids: Iterable[str]) -> dict[str, str]:
+    """The capsule of each of ``video_ids`` in a metadata CSV (:func:`read_metadata`; numeric ids also match
+    without leading zeros), :data:`UNKNOWN_CAPSULE` for a video it does not list."""
+    lookup = _capsule_lookup(read_metadata(path))
+    return {str(v): _capsule_of(lookup, str(v)) for v in video_ids}
 
 
 def _capsule_lookup(metadata: dict[str, str] | None) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """Command line ``metrics``: the temporal mAP of an event JSON against a ground truth, as the RARE-VISION challenge
 scores it; prints one JSON object (``mAP@0.5``, ``mAP@0.95``, ``per_label``, ``per_video``, ``frame_units``, ...,
-and with ``--lesions`` the lesion-level FROC of :func:`~monai_vce.metrics.lesion_froc` under ``lesions``).
+with ``--lesions`` the lesion-level FROC of :func:`~monai_vce.metrics.lesion_froc` under ``lesions``, and with
+``--metadata`` the :func:`~monai_vce.metrics.metrics_by_group` of each capsule under ``per_capsule``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from monai_vce.events.units import FrameUnits
 from monai_vce.events.validation import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, load_events, validate_events
 from monai_vce.utils import atomic_write_json
 
+from .groups import metrics_by_group
 from .lesions import FALSE_ALARM_RATES, lesion_froc
 from .temporal_map import temporal_map
 
@@ -52,6 +54,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--merge-gap", type=int, default=0, help="--lesions: join runs of a label at most this many frames apart"
+    )
+    p.add_argument(
+        "--metadata",
+        default=None,
+        help="a metadata.csv naming each video's capsule (video id and capsule columns): also scores per capsule",
     )
     p.add_argument("--out", default=None, help="also write the result JSON to this file (atomically)")
     p.add_argument(
@@ -129,6 +136,19 @@ def run(args: argparse.Namespace) -> int:
             pred, gt=None if args.allow_missing_videos or problems else gt, max_events=args.max_events
         )
         problems += [f"{args.events}: {p}" for p in pred_problems]
+    capsules: dict[str, str] | None = None
+    if args.metadata is not None:
+        # deferred: the data package (and torch with it) is imported only for --metadata
+        from monai_vce.data.galar import UNKNOWN_CAPSULE, metadata_capsules
+
+        ids = [str(v["video_id"]) for v in objs["ground truth"]["videos"]] if "ground truth" in objs else []
+        try:
+            capsules = metadata_capsules(args.metadata, ids)
+        except (FileNotFoundError, ValueError) as e:
+            problems.append(f"--metadata: {e}")
+        else:
+            if ids and all(c == UNKNOWN_CAPSULE for c in capsules.values()):
+                problems.append(f"--metadata {args.metadata}: names the capsule of none of the ground truth's videos")
     units = None
     if not problems:
         units, problem = _same_units(args, objs)
@@ -146,6 +166,10 @@ def run(args: argparse.Namespace) -> int:
                     false_alarm_rates=args.false_alarm_rates,
                     merge_gap=args.merge_gap,
                     validate=False,
+                )
+            if capsules is not None:
+                result["per_capsule"] = metrics_by_group(
+                    objs["ground truth"], objs["prediction"], capsules, validate=False
                 )
         except ValueError as e:
             problems.append(str(e))
