@@ -86,7 +86,7 @@ class LegacyAsymmetricFocalLoss(_Loss):
 
 #: arm name -> (preset files over train.json, overrides on top of them); train.json alone is the project's recipe
 ARMS: dict[str, tuple[list[str], dict[str, Any]]] = {
-    "project, old loss": ([], {"train#loss": "legacy"}),
+    "project, old loss": ([], {"loss": "legacy"}),
     "project": ([], {}),
     "project + paper attention": ([], {"attention_variant": "paper"}),
     "project + positive weights": ([], {"positive_weights": True}),
@@ -182,8 +182,8 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, data: dict[str, str])
         "text_model": data["text_model"],
         "text_embeddings": str(embeddings),
     }
-    if extra.get("train#loss") == "legacy":
-        override["train#loss"] = LegacyAsymmetricFocalLoss()
+    if extra.get("loss") == "legacy":
+        override["loss"] = LegacyAsymmetricFocalLoss()
     t0 = time.perf_counter()
     wf = _workflow(files, "train", override)
     wf.run()

@@ -135,8 +135,8 @@ def test_defaults_point_at_real_use():
     train = json.loads(Path(TRAIN).read_text())
     assert train["backbone"].startswith("hf-hub:microsoft/BiomedCLIP")
     assert train["image_size"] == 224 and train["pretrained"] is True
-    assert train["train"]["optimizer"]["_target_"] == "torch.optim.AdamW"
-    assert train["train"]["lr_scheduler"]["_target_"] == "monai_vce.engines.ResumableOneCycleLR"
+    assert train["optimizer"]["_target_"] == "torch.optim.AdamW"
+    assert train["lr_scheduler"]["_target_"] == "monai_vce.engines.ResumableOneCycleLR"
     assert train["ema_decay"] == 0.999 and train["amp"] == "$torch.cuda.is_available()"
 
 
@@ -219,12 +219,14 @@ def test_verify_net_in_out():
 
 
 def test_swap_network_loss_sampler_with_one_override_file(tmp_path, mini_galar):
-    """One override file swaps the network (plain ViT attention), the loss and the sampler."""
+    """One override file swaps the network (plain ViT attention), the loss, the optimizer (top-level keys, as in the
+    model zoo) and the sampler."""
     from monai.bundle import ConfigParser
 
     override = {
         "attention": "plain",
-        "train#loss": {"_target_": "torch.nn.BCEWithLogitsLoss"},
+        "loss": {"_target_": "torch.nn.BCEWithLogitsLoss"},
+        "optimizer": {"_target_": "torch.optim.SGD", "params": "$@network.parameters()", "lr": 0.01},
         "train#sampler": {"_target_": "torch.utils.data.RandomSampler", "data_source": "@train#dataset"},
     }
     swap = tmp_path / "swap.json"
@@ -235,7 +237,7 @@ def test_swap_network_loss_sampler_with_one_override_file(tmp_path, mini_galar):
     parser.update({"dataset_dir": str(mini_galar), "bundle_root": str(CONFIGS.parent), **TINY})
     net = parser.get_parsed_content("network_def")
     assert net.diff_blocks == [] and type(net).__name__ == "DiffAttnCLIPClassifier"
-    loss = parser.get_parsed_content("train#loss")
+    loss = parser.get_parsed_content("loss")
     assert isinstance(loss, torch.nn.BCEWithLogitsLoss)
     sampler = parser.get_parsed_content("train#sampler")
     assert isinstance(sampler, torch.utils.data.RandomSampler)
@@ -243,6 +245,10 @@ def test_swap_network_loss_sampler_with_one_override_file(tmp_path, mini_galar):
     assert loader.sampler is sampler
     trainer = parser.get_parsed_content("train#trainer")
     assert trainer.loss_function is loss
+    assert isinstance(trainer.optimizer, torch.optim.SGD) and trainer.optimizer is parser.get_parsed_content(
+        "optimizer"
+    )
+    assert parser.get_parsed_content("lr_scheduler").optimizer is trainer.optimizer
     # one real step of the swapped pipeline
     batch = next(iter(loader))
     x, y = trainer.prepare_batch(batch, torch.device("cpu"), False)
@@ -253,7 +259,7 @@ def test_swap_network_loss_sampler_with_one_override_file(tmp_path, mini_galar):
     parser.read_config([TRAIN, DEMO])
     parser.update({"dataset_dir": str(mini_galar), "bundle_root": str(CONFIGS.parent), **TINY})
     assert parser.get_parsed_content("network_def").diff_blocks == [0, 1]
-    assert type(parser.get_parsed_content("train#loss")).__name__ == "AsymmetricFocalLoss"
+    assert type(parser.get_parsed_content("loss")).__name__ == "AsymmetricFocalLoss"
     assert type(parser.get_parsed_content("train#sampler")).__name__ == "SqrtFrequencySampler"
 
 
@@ -295,7 +301,7 @@ def test_optimizer_uses_the_network_param_groups():
         parser[k] = v
     for key in ("backbone", "pretrained", "image_size"):
         parser[f"network_def#{key}"] = f"@{key}"
-    optimizer = parser.get_parsed_content("train#optimizer")
+    optimizer = parser.get_parsed_content("optimizer")
     net = parser.get_parsed_content("network")
     groups = optimizer.param_groups
     ids = {id(p): g for g in groups for p in g["params"]}
@@ -361,7 +367,7 @@ def test_readme_override_trains_without_a_sampler(tmp_path, mini_galar):
 
     override = {
         "attention": "plain",
-        "train#loss": {"_target_": "torch.nn.BCEWithLogitsLoss"},
+        "loss": {"_target_": "torch.nn.BCEWithLogitsLoss"},
         "train#sampler": None,
         "train#dataloader#shuffle": True,
     }

@@ -74,8 +74,8 @@ CONFIG = {
             "max_epochs": 2,
             "train_data_loader": "@train#dataloader",
             "network": "@network",
-            "optimizer": "@train#optimizer",
-            "loss_function": "@train#loss",
+            "optimizer": "@optimizer",
+            "loss_function": "@loss",
             "inferer": "@train#inferer",
             "prepare_batch": "@prepare_batch",
             "mixup_alpha": 0.3,
@@ -118,6 +118,9 @@ CONFIG = {
     "initialize": ["$monai.utils.set_determinism(seed=0)"],
     "finalize": [],
 }
+# loss and optimizer at the top level, as the bundle (and the model zoo) has them
+CONFIG["loss"] = CONFIG["train"].pop("loss")
+CONFIG["optimizer"] = CONFIG["train"].pop("optimizer")
 
 
 def _datalist(root, n, seed):
@@ -153,7 +156,7 @@ def config_file(tmp_path):
 def test_components_built_by_config_parser(config_file):
     parser = ConfigParser()
     parser.read_config(config_file)
-    loss = parser.get_parsed_content("train#loss")
+    loss = parser.get_parsed_content("loss")
     assert isinstance(loss, AsymmetricFocalLoss) and loss.gamma_neg == 4.0 and loss.clip == 0.05
     sampler = parser.get_parsed_content("train#sampler")
     assert isinstance(sampler, SqrtFrequencySampler) and len(sampler) == 24
@@ -182,13 +185,13 @@ def test_one_line_overrides_swap_loss_and_sampler(config_file, tmp_path):
         tmp_path,
         "override.json",
         {
-            "train#loss": {"_target_": "torch.nn.BCEWithLogitsLoss"},
+            "loss": {"_target_": "torch.nn.BCEWithLogitsLoss"},
             "train#sampler": {"_target_": "torch.utils.data.RandomSampler", "data_source": "@train#dataset"},
         },
     )
     parser = ConfigParser()
     parser.read_config([config_file, override])
-    assert isinstance(parser.get_parsed_content("train#loss"), torch.nn.BCEWithLogitsLoss)
+    assert isinstance(parser.get_parsed_content("loss"), torch.nn.BCEWithLogitsLoss)
     assert isinstance(parser.get_parsed_content("train#sampler"), torch.utils.data.RandomSampler)
 
     # or plain shuffling without a sampler object
@@ -198,7 +201,7 @@ def test_one_line_overrides_swap_loss_and_sampler(config_file, tmp_path):
     loader = parser.get_parsed_content("train#dataloader")
     assert isinstance(loader.sampler, torch.utils.data.RandomSampler)
     # the trainer runs with the swapped loss
-    parser["train#loss"] = {"_target_": "torch.nn.BCEWithLogitsLoss"}
+    parser["loss"] = {"_target_": "torch.nn.BCEWithLogitsLoss"}
     parser["train#trainer#max_epochs"] = 1
     trainer = parser.get_parsed_content("train#trainer")
     trainer.run()

@@ -55,7 +55,7 @@ def test_paper_preset_is_the_papers_recipe(mini_galar, tmp_path, text_tower):
     train_data = parser.get_parsed_content("train_datalist")
     assert list(train_data) == subsample_frames(split_train, 5) and 0 < len(train_data) < len(split_train)
     expected_pw = class_positive_weights(train_data, min_weight=1.0, max_weight=100.0)
-    loss = parser.get_parsed_content("train#loss")
+    loss = parser.get_parsed_content("loss")
     con = parser.get_parsed_content("train#contrastive_loss")
     assert isinstance(loss, AsymmetricFocalLoss) and (loss.gamma_pos, loss.gamma_neg) == (1.0, 4.0)
     assert isinstance(con, BinaryCrossEntropyLoss)
@@ -81,8 +81,8 @@ def test_one_cycle_per_group_max_lr_from_the_config(mini_galar, tmp_path):
     parser = tiny_config_parser(
         [TRAIN, PAPER], mini_galar, tmp_path, contrastive_weight=0.0, samples_per_epoch=160, batch_size=8
     )
-    optimizer = parser.get_parsed_content("train#optimizer")
-    scheduler = parser.get_parsed_content("train#lr_scheduler")
+    optimizer = parser.get_parsed_content("optimizer")
+    scheduler = parser.get_parsed_content("lr_scheduler")
     epoch_length = parser.get_parsed_content("epoch_length")  # the loader's length is known only when training runs
     assert isinstance(optimizer, torch.optim.AdamW) and isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR)
     assert epoch_length == 20 and scheduler.total_steps == 5 * 20
@@ -129,12 +129,12 @@ def test_project_recipe(mini_galar, tmp_path):
     assert isinstance(net.classifier_head.norm, torch.nn.Identity) and net.classifier_head.dropout.p == 0.1
     assert net.contrastive_head is None  # contrastive weight 0: the path is not built
     assert parser.get_parsed_content("train#pos_weight") is None
-    assert parser.get_parsed_content("train#loss").pos_weight is None
+    assert parser.get_parsed_content("loss").pos_weight is None
     trainer = parser.get_parsed_content("train#trainer")
     assert trainer.grad_clip_norm is None and trainer.contrastive_weight == 0.0
-    groups = parser.get_parsed_content("train#optimizer").param_groups
+    groups = parser.get_parsed_content("optimizer").param_groups
     assert sorted({g["max_lr"] for g in groups}) == pytest.approx([1e-5, 1e-4])
-    assert parser.get_parsed_content("train#lr_scheduler").total_steps == 10 * parser.get_parsed_content("epoch_length")
+    assert parser.get_parsed_content("lr_scheduler").total_steps == 10 * parser.get_parsed_content("epoch_length")
 
 
 @pytest.mark.parametrize("preset", [None, PAPER, AUTHORS])
@@ -233,14 +233,14 @@ def test_authors_preset_is_the_authors_code(mini_galar, tmp_path, text_tower):
     trainer = parser.get_parsed_content("train#trainer")
     assert trainer.mixup.per_batch and trainer.mixup.alpha == 0.3
     # their positive weights, applied to the smoothed target (ASL) and as torch's BCE pos_weight (contrastive)
-    loss = parser.get_parsed_content("train#loss")
+    loss = parser.get_parsed_content("loss")
     con = parser.get_parsed_content("train#contrastive_loss")
     torch.testing.assert_close(loss.pos_weight, _authors_positive_weights(train_data))
     assert loss.pos_weight_mode == "smoothed" and loss.label_smoothing == 0.05
     assert con.pos_weight_mode == "positive_term" and con.label_smoothing == 0.0
     # OneCycle: div_factor 10, final_div_factor 100, pct_start 0.15, momentum cycled
-    optimizer = parser.get_parsed_content("train#optimizer")
-    scheduler = parser.get_parsed_content("train#lr_scheduler")
+    optimizer = parser.get_parsed_content("optimizer")
+    scheduler = parser.get_parsed_content("lr_scheduler")
     assert scheduler.total_steps == 5 * 20
     head = next(g for g in optimizer.param_groups if g["max_lr"] == pytest.approx(3e-4))
     assert head["lr"] == pytest.approx(3e-4 / 10) and head["betas"][0] == pytest.approx(0.95)

@@ -26,8 +26,8 @@ class ResumableOneCycleLR(OneCycleLR):
 
     Example (bundle JSON)::
 
-        {"_target_": "monai_vce.engines.ResumableOneCycleLR", "optimizer": "@train#optimizer",
-         "max_lr": "$[g['lr'] for g in @train#optimizer.param_groups]",
+        {"_target_": "monai_vce.engines.ResumableOneCycleLR", "optimizer": "@optimizer",
+         "max_lr": "$[g['lr'] for g in @optimizer.param_groups]",
          "total_steps": "$@max_epochs * len(@train#dataloader)", "pct_start": 0.3, "cycle_momentum": false}
     """
 
