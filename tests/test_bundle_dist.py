@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from bundle_helpers import REPO
+from bundle_helpers import REPO, SCHEMA
 from doc_commands import RESULT
 
 
@@ -83,7 +83,8 @@ def test_distributable_bundle_installs_offline_and_runs_from_its_folder(tmp_path
         z.extractall(unpacked)
     bundle = unpacked / "vce_event_detection"
     meta = json.loads((bundle / "configs" / "metadata.json").read_text())
-    assert meta["monai_vce_wheel"] == f"wheels/{wheel.name}" and (bundle / meta["monai_vce_wheel"]).is_file()
+    assert (bundle / "wheels" / wheel.name).is_file()
+    assert meta["required_packages_version"]["monai-vce"] == wheel.name.split("-")[1]
     assert not list((bundle / "models").iterdir())  # no weights are shipped
 
     venv = tmp_path / "venv"
@@ -122,8 +123,7 @@ def test_distributable_bundle_installs_offline_and_runs_from_its_folder(tmp_path
     outputs = _run_commands(
         python,
         [
-            "python -m monai.bundle verify_metadata --meta_file configs/metadata.json "
-            "--filepath configs/schema/meta_schema.json",
+            f"python -m monai.bundle verify_metadata --meta_file configs/metadata.json --filepath {SCHEMA}",
             "python -m monai.bundle verify_net_in_out network_def --meta_file configs/metadata.json "
             "--config_file configs/inference.json",
             f"python -m monai_vce.data.synthetic --out {data} --num-videos 2 --frames-per-video 30 --size 32 --seed 4",

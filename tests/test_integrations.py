@@ -152,6 +152,49 @@ def test_monai_label_server_classifies_a_frame_through_its_rest_api(tmp_path_fac
     )
 
 
+def test_monai_label_server_lists_and_classifies_galar_upper_case_frames(tmp_path_factory, tmp_path, mini_galar):
+    """A studies folder of Galar's frames, named ``frame_000003.PNG`` (MONAI Label's default patterns are lower-case
+    and its matching is case-sensitive on Linux: it listed none), plus a ``.JPG`` and a ``.jpeg`` frame: the datastore
+    lists every frame under its name without extension, and ``POST /infer`` on a ``.PNG`` frame returns the 17
+    scores of the network's sigmoid (on the JPEG frames, 17 scores)."""
+    require_integration("monailabel", "label")
+    from PIL import Image
+
+    from monai_vce.labels import LABELS
+
+    run = trained_bundle(tmp_path_factory, mini_galar)
+    app = _label_app(tmp_path, run["models"] / "model.pt")
+    studies = tmp_path / "studies"
+    shutil.copytree(mini_galar / "frames" / "1", studies)  # Galar's names: frame_000000.PNG, ...
+    pngs = sorted(studies.glob("*.PNG"))
+    assert len(pngs) > 3 and not list(studies.glob("*.png"))  # upper case only (the glob is case-sensitive here)
+    frame = studies / "frame_000003.PNG"
+    assert frame in pngs
+    with Image.open(pngs[0]) as im:
+        im.convert("RGB").save(studies / "frame_100000.JPG", quality=95)
+        im.convert("RGB").save(studies / "frame_100001.jpeg", quality=95)
+    expected_ids = {p.stem for p in pngs} | {"frame_100000", "frame_100001"}
+    with _label_server(app, studies, tmp_path / "server.log") as base:
+        with urllib.request.urlopen(f"{base}/datastore/?output=all", timeout=30) as r:
+            listed = json.loads(r.read())["objects"]
+        answers = {
+            image: _post(f"{base}/infer/bundle?image={image}&output=json")
+            for image in (frame.stem, "frame_100000", "frame_100001")
+        }
+    assert set(listed) == expected_ids
+    assert listed[frame.stem]["image"]["ext"] == ".PNG" and listed["frame_100000"]["image"]["ext"] == ".JPG"
+    for image, (status, body) in answers.items():
+        assert status == 200, (image, body)
+        prediction = json.loads(body)["prediction"]
+        assert [p["label"] for p in prediction] == list(LABELS), image
+        assert all(0.0 <= p["score"] <= 1.0 for p in prediction), image
+    scores = {p["label"]: p["score"] for p in json.loads(answers[frame.stem][1])["prediction"]}
+    expected = _eager_probs(run["models"] / "model.pt", str(frame))
+    torch.testing.assert_close(
+        torch.tensor([scores[n] for n in LABELS], dtype=torch.float32), expected, rtol=1e-4, atol=1e-5
+    )
+
+
 def test_monai_label_server_answers_bad_requests_with_a_one_line_reason(tmp_path_factory, tmp_path, mini_galar):
     """Through the REST API: a text file named as a frame (422), an unknown id or model (404), markup in the id, a
     path as the id (in the query or in ``params``) and ``params`` that are not a JSON object (400) are each answered

@@ -16,7 +16,10 @@ Run it (MONAI Label listens on all interfaces unless told otherwise; this app re
     monailabel start_server --app apps/vce --studies /data/frames/1 --conf models vce_event_detection \\
         --host 127.0.0.1
 
-then ``POST /infer/<name>?image=<image id>&output=json`` returns the 17 label scores of a frame. ``<name>`` is the
+The studies folder holds the frames: ``.png`` and ``.jpg``/``.jpeg`` files, in lower or upper case (Galar's
+``frame_000003.PNG``; MONAI Label's own datastore lists lower-case extensions only), or only those of
+``--conf extensions png`` (comma-separated, each listed in both cases; see ``vce_studies.py``). Then
+``POST /infer/<name>?image=<image id>&output=json`` returns the 17 label scores of a frame. ``<name>`` is the
 bundle's folder name (``models``) or ``vce`` for the bundle this app lives in. ``image`` must be an id of the studies
 folder (a frame's file name without extension): paths, uploads and sessions are refused. A bad request is answered
 with a one-line ``detail``: 400 (malformed id, upload, ``params`` not a JSON object), 404 (unknown model or image id),
@@ -37,12 +40,18 @@ from typing import Any
 import monailabel
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse
+from monailabel.config import settings
+from monailabel.datastore.local import LocalDatastore
 from monailabel.interfaces.app import MONAILabelApp
+from monailabel.interfaces.datastore import Datastore
 from monailabel.interfaces.tasks.infer_v2 import InferTask, InferType
 from monailabel.interfaces.tasks.train import TrainTask
 from monailabel.tasks.infer.bundle import BundleInferTask
 from PIL import Image
 from starlette.requests import Request
+
+# the app's own module, next to this file (MONAI Label puts the app folder on sys.path while it imports main.py)
+from vce_studies import datastore_extensions
 
 logger = logging.getLogger(__name__)
 
@@ -199,6 +208,7 @@ class VCEBundleApp(MONAILabelApp):
             print(f"error: {problem}", file=sys.stderr, flush=True)
             os._exit(2)
         self.models = local_bundles(app_dir, conf.get("models", ""))
+        self.extensions = datastore_extensions(conf.get("extensions", ""))
         super().__init__(
             app_dir=app_dir,
             studies=studies,
@@ -210,6 +220,20 @@ class VCEBundleApp(MONAILabelApp):
         server = sys.modules.get("monailabel.app")  # imported only inside the server: never import it here
         if server is not None:
             guard_server(server.app)
+
+    def init_datastore(self) -> Datastore:
+        """MONAI Label's local datastore listing the frames (:func:`vce_studies.datastore_extensions`: ``.png``,
+        ``.PNG``, ``.jpg``, ... instead of MONAI Label's lower-case defaults, which miss Galar's ``.PNG``); a
+        ``http(s)://`` studies address is MONAI Label's remote datastore, as in its own apps."""
+        if self.studies.startswith(("http://", "https://")):
+            return super().init_datastore()
+        logger.info(f"Init Datastore for: {self.studies} (frames: {', '.join(self.extensions)})")
+        return LocalDatastore(
+            self.studies,
+            extensions=self.extensions,
+            auto_reload=settings.MONAI_LABEL_DATASTORE_AUTO_RELOAD,
+            read_only=settings.MONAI_LABEL_DATASTORE_READ_ONLY,
+        )
 
     def init_infers(self) -> dict[str, InferTask]:
         infers: dict[str, InferTask] = {}
