@@ -21,9 +21,12 @@ from typing import Any
 from monai_vce.cli import command_main, print_error
 from monai_vce.events import describe_events_file, load_events, read_frame_units
 from monai_vce.metrics import temporal_map
-from monai_vce.utils import atomic_write_json, default_bundle_root, error_summary
+from monai_vce.utils import atomic_write_json, error_summary
 
 __all__ = ["run_demo", "main"]
+
+#: The bundle the demo runs: ``bundle/`` of this checkout (``--bundle_root`` names another).
+DEMO_BUNDLE = Path(__file__).resolve().parents[1] / "bundle"
 
 
 def _shown_path(path: Path | str) -> str:
@@ -148,7 +151,7 @@ def run_demo(
     import torch
     from monai.bundle import ckpt_export
 
-    bundle = Path(bundle_root if bundle_root is not None else default_bundle_root()).resolve()
+    bundle = Path(bundle_root if bundle_root is not None else DEMO_BUNDLE).resolve()
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     timings: dict[str, float] = {}
     extra = {} if max_epochs is None else {"max_epochs": int(max_epochs)}
@@ -313,7 +316,7 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(max(int(threads), 1))
-    bundle = Path(args.bundle_root if args.bundle_root is not None else default_bundle_root())
+    bundle = Path(args.bundle_root if args.bundle_root is not None else DEMO_BUNDLE)
     console = _Console(bundle / "demo" / "demo.log", args.verbose)
     _CONSOLES.append(console)
     try:

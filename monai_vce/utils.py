@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
 
 __all__ = [
-    "default_bundle_root",
     "natural_key",
     "short_repr",
     "safe_text",
@@ -664,21 +663,6 @@ class LazyMapping(_Lazy, Mapping):
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.value)
-
-
-def default_bundle_root() -> str:
-    """The bundle folder: ``.`` when run from inside it, ``bundle`` when run from the repository root.
-
-    The configs' ``bundle_root`` uses this, so that both ``cd bundle && python -m monai.bundle run ...
-    --config_file configs/train.json`` and ``python -m monai.bundle run ... --config_file
-    bundle/configs/train.json`` work; ``--bundle_root PATH`` overrides it.
-    """
-    cwd = Path.cwd()
-    if (cwd / "configs" / "metadata.json").is_file():
-        return "."
-    if (cwd / "bundle" / "configs" / "metadata.json").is_file():
-        return "bundle"
-    return str(Path(__file__).resolve().parents[1] / "bundle")
 
 
 def natural_key(text: str) -> tuple:

@@ -4,8 +4,10 @@ live in the package of their concern, and :func:`check_settings`.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import monai.handlers
@@ -24,10 +26,10 @@ from monai_vce.report.evaluation import datalist_ground_truth as ground_truth
 from monai_vce.report.evaluation import evaluation_report
 from monai_vce.stages import main_process
 from monai_vce.temporal.stage import fit_temporal_stage, refiner_fingerprint, refiner_inputs
-from monai_vce.utils import check_setting, default_bundle_root, report_errors_last
+from monai_vce.utils import check_setting, report_errors_last
 
 __all__ = [
-    "default_bundle_root",
+    "config_bundle_root",
     "report_errors_last",
     "galar_datalist",
     "galar_ground_truth",
@@ -97,6 +99,34 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     "learning_rate": ("number", {"minimum": 0, "maximum": math.inf}),
     "seed": ("int", {"minimum": 0, "maximum": 2**32 - 1}),
 }
+
+
+def config_bundle_root() -> str:
+    """The bundle folder whose configs are being run: the parent of ``configs/`` of the running
+    ``monai.bundle.ConfigWorkflow`` (``python -m monai.bundle run``, ``monai.bundle.load``), else ``"."``, the
+    model zoo's ``bundle_root`` (a ``ConfigParser`` read without a workflow). ``--bundle_root PATH`` overrides it.
+
+    Never another copy of the bundle: ``cd model-zoo && python -m monai.bundle run --config_file
+    models/vce/configs/inference.json`` reads ``models/vce/models/model.pt``.
+
+    Example (bundle JSON)::
+
+        "bundle_root": "$monai_vce.workflows.config_bundle_root()"
+    """
+    from monai.bundle import ConfigWorkflow
+
+    # the workflow parsing the configs is a caller of this expression: MONAI passes the config files' folder to
+    # nothing the configs can reference, so it is read from the workflow that evaluates them
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            workflow = frame.f_locals.get("self")
+            if isinstance(workflow, ConfigWorkflow) and getattr(workflow, "config_root_path", None) is not None:
+                return str(Path(workflow.config_root_path).parent)
+            frame = frame.f_back
+    finally:
+        del frame
+    return "."
 
 
 def check_settings(**settings: Any) -> bool:

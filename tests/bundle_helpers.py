@@ -235,7 +235,12 @@ def _address_space(grow_mb: int | None) -> Iterator[None]:
 
 
 def run_in_process(
-    args: list[str], check: bool = True, threads: int = 2, memory_mb: int | None = None, **env: str
+    args: list[str],
+    check: bool = True,
+    threads: int = 2,
+    memory_mb: int | None = None,
+    cwd: str | Path = REPO,
+    **env: str,
 ) -> InProcessRun:
     """Run ``python -m monai.bundle ARGS`` in this process: the command line's parsing (python-fire) and the same
     functions, with no interpreter to start; the process is restored afterwards (see :func:`_isolated`).
@@ -247,6 +252,7 @@ def run_in_process(
         memory_mb: when given, the address space may grow by at most this many MiB during the run (a subprocess's
             ``RLIMIT_AS`` cap, see tests/capped.py): a regression allocating without bound fails the run with a
             ``MemoryError`` instead of taking the machine down.
+        cwd: the working folder of the run (the repository root unless given).
         env: environment variables set during the run (``HF_HUB_OFFLINE=1`` always).
 
     Returns:
@@ -261,7 +267,7 @@ def run_in_process(
     out, err = io.StringIO(), io.StringIO()
     code = 0
     with _isolated(threads, {"HF_HUB_OFFLINE": "1", **env}), _address_space(memory_mb), _captured(out, err):
-        os.chdir(REPO)
+        os.chdir(cwd)
         try:
             fire.Fire(commands, command=list(args), name="monai.bundle")
         except SystemExit as e:
