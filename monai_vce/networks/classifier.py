@@ -6,7 +6,7 @@ import logging
 import os
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -248,6 +248,30 @@ class DiffAttnCLIPClassifier(nn.Module):
             self.diff_blocks,
             "on" if self.contrastive_head is not None else "off",
         )
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        """``nn.Module.load_state_dict``; a strict load of a state dict holding some of the network's own tensors
+        (what MONAI's ``copy_model_state``, and so ``monai.bundle.load``, keeps for every checkpoint tensor of another
+        name or shape) fails with the counts instead of leaving a network part checkpoint, part initial values.
+
+        Raises:
+            ValueError: ``strict`` and some tensors of ``state_dict`` are this network's own.
+        """
+        if strict:
+            own = {k: v.data_ptr() for k, v in self.state_dict().items() if v.numel() > 0}
+            kept = [
+                k
+                for k, v in state_dict.items()
+                if isinstance(v, torch.Tensor) and v.numel() > 0 and own.get(k) == v.data_ptr()
+            ]
+            if kept and len(kept) < len(own):
+                raise ValueError(
+                    f"only {len(state_dict) - len(kept)} of {len(state_dict)} tensors of the state dict come from the "
+                    f"checkpoint ({kept[0]!r} and {len(kept) - 1} more kept their initial values): the checkpoint "
+                    "belongs to another network configuration (the demo's weights: network_def's backbone "
+                    "'vce-tiny-vit-64', image_size 64); for an intended partial load, load_state_dict(..., strict=False)"
+                )
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     @torch.jit.unused
     def load_pretrained(self) -> bool:
