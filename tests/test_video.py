@@ -88,6 +88,8 @@ def test_video_frame_dataset_serves_cached_frames_and_reuses_the_cache(mp4_galar
         item = ds[i]
         assert item["image"].dtype == torch.uint8 and tuple(item["image"].shape) == (3, SIZE, SIZE)
         np.testing.assert_array_equal(item["image"].numpy(), first[item["video_id"]][item["frame_number"]])
+        # one name per frame for MONAI's savers
+        assert item["filename_or_obj"] == f"{ds.videos[item['video_id']]}#{item['frame_number']}"
     # a second dataset decodes nothing: the cache is complete
     monkeypatch.setattr(video_mod, "iter_video_frames", lambda *a, **k: pytest.fail("decoded again"))
     len(VideoFrameDataset(data, cache_dir=tmp_path / "cache", image_size=SIZE, progress=False))

@@ -17,6 +17,7 @@ import torch
 from monai.config import KeysCollection
 from monai.engines.utils import PrepareBatch
 from monai.transforms import MapTransform, Transform
+from monai.utils import ImageMetaKey
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
@@ -206,7 +207,8 @@ class LoadVCEFrame(Transform):
 
 
 class LoadVCEFramed(MapTransform):
-    """Dictionary transform: replaces each frame path under ``keys`` with its decoded, resized ``uint8`` tensor.
+    """Dictionary transform: replaces each frame path under ``keys`` with its decoded, resized ``uint8`` tensor, and
+    records the path as ``filename_or_obj`` (the first key's, unless the item has one), which MONAI's savers read.
 
     A value that is already an image (tensor or array ``(3, H, W)``, e.g. from
     :class:`~monai_vce.data.FrameCacheDataset`) is only resized, so the same pipeline runs on cached frames.
@@ -246,6 +248,9 @@ class LoadVCEFramed(MapTransform):
     def __call__(self, data: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
         d = dict(data)
         for key in self.key_iterator(d):
+            if isinstance(d[key], (str, os.PathLike)):
+                # the frame's file, as MONAI's savers read it (ClassificationSaver: one CSV row per frame)
+                d.setdefault(ImageMetaKey.FILENAME_OR_OBJ, os.fspath(d[key]))
             d[key] = self.loader(d[key])
         return d
 

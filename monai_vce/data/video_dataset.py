@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from monai.data import Dataset
 from monai.transforms import apply_transform
+from monai.utils import ImageMetaKey
 
 from monai_vce.data.frame_cache import FrameCache
 from monai_vce.data.video import ensure_video_entries, is_video_file
@@ -94,4 +95,6 @@ class VideoFrameDataset(Dataset):
                 arr = self._maps[vid] = self.cache.open(vid)
             item = dict(item)
             item[self.image_key] = torch.from_numpy(np.array(arr[int(item["frame_number"])]))
+            # one name per frame for MONAI's savers (ClassificationSaver), as LoadVCEFramed gives a frame file
+            item.setdefault(ImageMetaKey.FILENAME_OR_OBJ, f"{os.fspath(image)}#{int(item['frame_number'])}")
         return apply_transform(self.transform, item) if self.transform is not None else item
