@@ -33,6 +33,8 @@ from holoscan.conditions import CountCondition
 from monai.deploy.core import AppContext, Application, Fragment, IOType, Operator, OperatorSpec
 from monai.deploy.operators.monai_bundle_inference_operator import IOMapping, MonaiBundleInferenceOperator
 
+# isort: split
+# monai_vce after the third-party block: a first-party package here (ruff), an installed one in model-zoo (isort)
 from monai_vce.data import build_inference_datalist, load_vce_frame
 from monai_vce.events import FrameUnits
 from monai_vce.labels import NUM_LABELS
