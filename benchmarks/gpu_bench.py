@@ -231,10 +231,10 @@ def bundle_inference(
 
 def _train_step_fn(model, device) -> Callable[[torch.Tensor, torch.Tensor], None]:
     from monai_vce.data import VCEPrepareBatch
-    from monai_vce.losses import AsymmetricFocalLoss
+    from monai_vce.losses import VCEAsymmetricFocalLoss
 
     prepare = VCEPrepareBatch()
-    loss_fn = AsymmetricFocalLoss()
+    loss_fn = VCEAsymmetricFocalLoss()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.05)
     model.train()
 

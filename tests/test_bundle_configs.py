@@ -127,7 +127,7 @@ def test_monai_vce_components_use_full_dotted_paths():
                 assert hasattr(importlib.import_module(module), name), f"{path.name}: {target} does not exist"
                 seen.add(target)
     assert "monai_vce.networks.DiffAttnCLIPClassifier" in seen
-    assert "monai_vce.losses.AsymmetricFocalLoss" in seen
+    assert "monai_vce.losses.VCEAsymmetricFocalLoss" in seen
     assert "monai_vce.handlers.ProbabilityWriter" in seen
     assert {"monai_vce.stages.decode", "monai_vce.stages.refine", "monai_vce.stages.write_events"} <= seen
 
@@ -241,7 +241,7 @@ def test_swap_network_loss_sampler_with_one_override_file(tmp_path, mini_galar):
     parser.read_config([TRAIN, DEMO])
     parser.update({"dataset_dir": str(mini_galar), "bundle_root": str(CONFIGS.parent), **TINY})
     assert parser.get_parsed_content("network_def").diff_blocks == [0, 1]
-    assert type(parser.get_parsed_content("loss")).__name__ == "AsymmetricFocalLoss"
+    assert type(parser.get_parsed_content("loss")).__name__ == "VCEAsymmetricFocalLoss"
     assert type(parser.get_parsed_content("train#sampler")).__name__ == "SqrtFrequencySampler"
 
 
@@ -422,3 +422,35 @@ def test_presets_hold_only_what_differs(name):
         elif base.get(key, KeyError) == value:
             repeated.append(key)
     assert not repeated, f"{name} repeats {repeated}"
+
+
+def test_short_names_resolve_to_the_packages_components_without_ambiguity():
+    """MONAI's component locator scans every ``monai*`` package: the package's short names are its own."""
+    import warnings
+
+    from monai.bundle import ConfigParser
+
+    from monai_vce.data import VCEDataLoader
+    from monai_vce.losses import VCEAsymmetricFocalLoss
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # MONAI warns when a short name matches several components
+        parser = ConfigParser(
+            {
+                "loss": {"_target_": "VCEAsymmetricFocalLoss"},
+                "loader": {"_target_": "VCEDataLoader", "dataset": [1, 2, 3], "batch_size": 2},
+            }
+        )
+        assert type(parser.get_parsed_content("loss")) is VCEAsymmetricFocalLoss
+        assert type(parser.get_parsed_content("loader")) is VCEDataLoader
+
+
+def test_ddp_wrapper_is_a_component_whose_arguments_override():
+    from monai.bundle import ConfigParser
+
+    parser = ConfigParser()
+    parser.read_config([TRAIN, MULTI_GPU_TRAIN])
+    parser["network#find_unused_parameters"] = True  # --network#find_unused_parameters True
+    config = parser.get("network")
+    assert config["_target_"] == "torch.nn.parallel.DistributedDataParallel"
+    assert config["find_unused_parameters"] is True and config["module"] == "$@network_def.to(@device)"

@@ -194,14 +194,14 @@ def test_damaged_frame_in_a_dataloader_worker_is_named(tmp_path):
     torch's ``Caught RuntimeError in DataLoader worker process 0`` with the file lost in a traceback text)."""
     from monai.data import Dataset
 
-    from monai_vce.data import DataLoader, vce_val_transforms
+    from monai_vce.data import VCEDataLoader, vce_val_transforms
 
     frame = _png(tmp_path / "frame_000001.PNG")
     data = bytearray(frame.read_bytes())
     data[40] ^= 0xFF
     frame.write_bytes(bytes(data))
     ds = Dataset([{"image": str(frame), "label": np.zeros(17, np.float32)}], vce_val_transforms(16))
-    summary = _one_line_error(lambda: next(iter(DataLoader(ds, batch_size=1, num_workers=1))))
+    summary = _one_line_error(lambda: next(iter(VCEDataLoader(ds, batch_size=1, num_workers=1))))
     assert summary.startswith("ValueError: truncated or corrupted PNG frame") and str(frame) in summary, summary
 
 

@@ -16,7 +16,7 @@ from PIL import Image
 from monai_vce.data import SqrtFrequencySampler
 from monai_vce.engines import VCETrainer
 from monai_vce.handlers import EMAWeights, ThresholdOptimizationHandler
-from monai_vce.losses import AsymmetricFocalLoss
+from monai_vce.losses import VCEAsymmetricFocalLoss
 from monai_vce.postprocessing import load_thresholds
 
 #: the bundle's training pipeline (decode, augmentation, cast), as train.json writes it
@@ -55,7 +55,7 @@ CONFIG = {
         },
         "inferer": {"_target_": "SimpleInferer"},
         "loss": {
-            "_target_": "monai_vce.losses.AsymmetricFocalLoss",
+            "_target_": "monai_vce.losses.VCEAsymmetricFocalLoss",
             "gamma_pos": 1.0,
             "gamma_neg": 4.0,
             "clip": 0.05,
@@ -157,7 +157,7 @@ def test_components_built_by_config_parser(config_file):
     parser = ConfigParser()
     parser.read_config(config_file)
     loss = parser.get_parsed_content("loss")
-    assert isinstance(loss, AsymmetricFocalLoss) and loss.gamma_neg == 4.0 and loss.clip == 0.05
+    assert isinstance(loss, VCEAsymmetricFocalLoss) and loss.gamma_neg == 4.0 and loss.clip == 0.05
     sampler = parser.get_parsed_content("train#sampler")
     assert isinstance(sampler, SqrtFrequencySampler) and len(sampler) == 24
     # the sampler weights come from the datalist: 4 of 24 frames carry the rare label

@@ -1,4 +1,4 @@
-"""AsymmetricFocalLoss and BinaryCrossEntropyLoss: a float64 reference, timm's ASL, calibration, positive weights."""
+"""VCEAsymmetricFocalLoss and BinaryCrossEntropyLoss: a float64 reference, timm's ASL, calibration, positive weights."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from monai_vce.losses import AsymmetricFocalLoss, BinaryCrossEntropyLoss, class_positive_weights
+from monai_vce.losses import BinaryCrossEntropyLoss, VCEAsymmetricFocalLoss, class_positive_weights
 
 
 def reference_asl(x, y, gamma_pos, gamma_neg, clip, eps, pos_weight=None, weight=None, detach=True):
@@ -54,7 +54,7 @@ def test_matches_float64_formula_values_and_gradients(detach, gp, gn, clip, eps,
     pw = torch.linspace(1.0, 100.0, 17, dtype=torch.float64)
     x1 = x.clone().requires_grad_(True)
     x2 = x.clone().requires_grad_(True)
-    loss = AsymmetricFocalLoss(gp, gn, clip, eps, pos_weight=pw, detach_focusing=detach, reduction="none")
+    loss = VCEAsymmetricFocalLoss(gp, gn, clip, eps, pos_weight=pw, detach_focusing=detach, reduction="none")
     ours = loss(x1, y)
     ref = reference_asl(x2, y, gp, gn, clip, eps, pos_weight=pw, detach=detach)
     assert ours.shape == (6, 17) and ours.dtype == torch.float64
@@ -67,7 +67,7 @@ def test_matches_float64_formula_values_and_gradients(detach, gp, gn, clip, eps,
 
 def test_float32_input_matches_reference():
     x, y = _data(seed=3)
-    ours = AsymmetricFocalLoss(reduction="none")(x.float(), y.float())
+    ours = VCEAsymmetricFocalLoss(reduction="none")(x.float(), y.float())
     assert ours.dtype == torch.float32
     torch.testing.assert_close(ours.double(), reference_asl(x, y, 1.0, 4.0, 0.05, 0.05), rtol=1e-5, atol=1e-6)
 
@@ -84,14 +84,14 @@ def test_equals_timm_asl_where_the_formulas_coincide(soft, detach, clip):
     x, y = x.float(), y.float()
     w = torch.linspace(0.5, 2.0, 17)
     if soft:
-        ours = AsymmetricFocalLoss(1.0, 4.0, clip, 0.05, weight=w, detach_focusing=detach, reduction="none")
+        ours = VCEAsymmetricFocalLoss(1.0, 4.0, clip, 0.05, weight=w, detach_focusing=detach, reduction="none")
         theirs = timm_loss.AsymmetricLossMultiLabel(
             gamma_neg=4, gamma_pos=1, clip=clip, disable_torch_grad_focal_loss=detach, smoothing=0.1,
             reduction="none", weight=w,
         )  # fmt: skip
     else:
         pw = torch.linspace(1.0, 100.0, 17)
-        ours = AsymmetricFocalLoss(1.0, 4.0, clip, 0.0, pos_weight=pw, weight=w, detach_focusing=detach)
+        ours = VCEAsymmetricFocalLoss(1.0, 4.0, clip, 0.0, pos_weight=pw, weight=w, detach_focusing=detach)
         theirs = timm_loss.AsymmetricLossMultiLabel(
             gamma_neg=4, gamma_pos=1, clip=clip, disable_torch_grad_focal_loss=detach, reduction="mean",
             weight=w, pos_weight=pw,
@@ -121,7 +121,7 @@ def test_easy_negatives_settle_near_zero_with_smoothing(pos_weight):
     """One focusing weight per element: with smoothing 0.05 (and positive weights up to 100) a negative's
     probability settles near eps; focusing the smoothed terms separately settled near 0.43."""
     pw = None if pos_weight is None else [pos_weight] * 17
-    p = _settled_probability(AsymmetricFocalLoss(label_smoothing=0.05, pos_weight=pw))
+    p = _settled_probability(VCEAsymmetricFocalLoss(label_smoothing=0.05, pos_weight=pw))
     assert float(p.max()) < 0.1
     p_bce = _settled_probability(BinaryCrossEntropyLoss(label_smoothing=0.05, pos_weight=pw), steps=300)
     torch.testing.assert_close(p_bce, torch.full((17,), 0.05), atol=5e-3, rtol=0)
@@ -140,12 +140,12 @@ def test_limits_give_bce_with_logits_exactly(soft, dtype, tol):
     x, y = _data(seed=7, soft=soft)
     x, y = x.to(dtype), y.to(dtype)
     for reduction in ("mean", "sum", "none"):
-        ours = AsymmetricFocalLoss(gamma_pos=0, gamma_neg=0, clip=0, label_smoothing=0, reduction=reduction)(x, y)
+        ours = VCEAsymmetricFocalLoss(gamma_pos=0, gamma_neg=0, clip=0, label_smoothing=0, reduction=reduction)(x, y)
         bce = F.binary_cross_entropy_with_logits(x, y, reduction=reduction)
         torch.testing.assert_close(ours, bce, rtol=tol, atol=tol)
         torch.testing.assert_close(BinaryCrossEntropyLoss(0.0, reduction=reduction)(x, y), bce, rtol=tol, atol=tol)
     xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    AsymmetricFocalLoss(0, 0, 0, 0)(xa, y).backward()
+    VCEAsymmetricFocalLoss(0, 0, 0, 0)(xa, y).backward()
     F.binary_cross_entropy_with_logits(xb, y).backward()
     torch.testing.assert_close(xa.grad, xb.grad, rtol=tol, atol=tol)
 
@@ -160,7 +160,7 @@ def test_bce_positive_weights_equal_torch_on_hard_targets():
 def test_label_smoothing_maps_targets_to_eps_one_minus_eps():
     x, y = _data(seed=9)
     eps = 0.2
-    a = AsymmetricFocalLoss(0, 0, 0, eps, reduction="none")(x, y)
+    a = VCEAsymmetricFocalLoss(0, 0, 0, eps, reduction="none")(x, y)
     b = F.binary_cross_entropy_with_logits(x, y * (1 - 2 * eps) + eps, reduction="none")
     torch.testing.assert_close(a, b)
     # 0 -> eps and 1 -> 1 - eps: the BCE minimum of each is at p = t
@@ -173,36 +173,36 @@ def test_label_smoothing_maps_targets_to_eps_one_minus_eps():
 def test_reductions_and_class_weights():
     x, y = _data(seed=11)
     w = torch.linspace(0.0, 2.0, 17, dtype=torch.float64)
-    elem = AsymmetricFocalLoss(weight=w, reduction="none")(x, y)
+    elem = VCEAsymmetricFocalLoss(weight=w, reduction="none")(x, y)
     ref = reference_asl(x, y, 1.0, 4.0, 0.05, 0.05, weight=w)
     torch.testing.assert_close(elem, ref)
     assert elem.shape == (6, 17)
-    torch.testing.assert_close(AsymmetricFocalLoss(weight=w, reduction="sum")(x, y), ref.sum())
+    torch.testing.assert_close(VCEAsymmetricFocalLoss(weight=w, reduction="sum")(x, y), ref.sum())
     # mean is over all B x C elements, not a sum over classes averaged over the batch
-    torch.testing.assert_close(AsymmetricFocalLoss(weight=w, reduction="mean")(x, y), ref.sum() / ref.numel())
+    torch.testing.assert_close(VCEAsymmetricFocalLoss(weight=w, reduction="mean")(x, y), ref.sum() / ref.numel())
     assert torch.all(elem[:, 0] == 0)  # weight 0 switches a class off
     with pytest.raises(ValueError, match="weight has 17 values"):
-        AsymmetricFocalLoss(weight=w)(x[:, :5], y[:, :5])
+        VCEAsymmetricFocalLoss(weight=w)(x[:, :5], y[:, :5])
     with pytest.raises(ValueError, match="pos_weight has 17 values"):
-        AsymmetricFocalLoss(pos_weight=w + 1)(x[:, :5], y[:, :5])
+        VCEAsymmetricFocalLoss(pos_weight=w + 1)(x[:, :5], y[:, :5])
     with pytest.raises(ValueError, match="same shape"):
-        AsymmetricFocalLoss()(x, y[:, :5])
+        VCEAsymmetricFocalLoss()(x, y[:, :5])
     with pytest.raises(ValueError):
-        AsymmetricFocalLoss(reduction="batchmean")
+        VCEAsymmetricFocalLoss(reduction="batchmean")
 
 
 def test_positive_weights_scale_positive_elements_only():
     x, y = _data(seed=12)
     pw = torch.full((17,), 7.0, dtype=torch.float64)
-    plain = AsymmetricFocalLoss(reduction="none")(x, y)
-    weighted = AsymmetricFocalLoss(pos_weight=pw, reduction="none")(x, y)
+    plain = VCEAsymmetricFocalLoss(reduction="none")(x, y)
+    weighted = VCEAsymmetricFocalLoss(pos_weight=pw, reduction="none")(x, y)
     torch.testing.assert_close(weighted[y == 1], 7.0 * plain[y == 1])
     torch.testing.assert_close(weighted[y == 0], plain[y == 0])
     # a soft (mixup) target interpolates the weight
     soft = torch.full((1, 17), 0.25, dtype=torch.float64)
-    ratio = AsymmetricFocalLoss(pos_weight=pw, reduction="none")(x[:1], soft) / AsymmetricFocalLoss(reduction="none")(
-        x[:1], soft
-    )
+    ratio = VCEAsymmetricFocalLoss(pos_weight=pw, reduction="none")(x[:1], soft) / VCEAsymmetricFocalLoss(
+        reduction="none"
+    )(x[:1], soft)
     torch.testing.assert_close(ratio, torch.full_like(ratio, 1 + 6 * 0.25))
 
 
@@ -271,13 +271,13 @@ def authors_asl(logits, targets, gp, gn, clip, ls, pw):
 def test_smoothed_pos_weight_mode_matches_authors_asl(soft, gp, gn, clip, ls):
     x, y = _data(seed=21, b=32, scale=3.0, soft=soft)  # moderate logits: the authors' 1e-6 clamps stay inactive
     pw = torch.linspace(1.0, 60.0, 17, dtype=torch.float64)
-    ours = AsymmetricFocalLoss(gp, gn, clip, ls, pos_weight=pw, pos_weight_mode="smoothed")(x, y)
+    ours = VCEAsymmetricFocalLoss(gp, gn, clip, ls, pos_weight=pw, pos_weight_mode="smoothed")(x, y)
     torch.testing.assert_close(ours, authors_asl(x, y, gp, gn, clip, ls, pw[None, :]), rtol=1e-5, atol=1e-6)
-    ours32 = AsymmetricFocalLoss(gp, gn, clip, ls, pos_weight=pw, pos_weight_mode="smoothed")(x.float(), y.float())
+    ours32 = VCEAsymmetricFocalLoss(gp, gn, clip, ls, pos_weight=pw, pos_weight_mode="smoothed")(x.float(), y.float())
     ref32 = authors_asl(x.float(), y.float(), gp, gn, clip, ls, pw.float()[None, :])
     torch.testing.assert_close(ours32, ref32, rtol=1e-5, atol=1e-6)
     if ls > 0:  # with smoothing the modes differ on negatives (t = eps there)
-        target_mode = AsymmetricFocalLoss(gp, gn, clip, ls, pos_weight=pw)(x, y)
+        target_mode = VCEAsymmetricFocalLoss(gp, gn, clip, ls, pos_weight=pw)(x, y)
         assert not torch.allclose(ours, target_mode, rtol=1e-3)
 
 
@@ -290,14 +290,16 @@ def test_positive_term_pos_weight_mode_equals_torch_bce(soft, eps):
     for dtype in (torch.float64, torch.float32):
         xd, yd, td, pwd = x.to(dtype), y.to(dtype), t.to(dtype), pw.to(dtype)
         for loss in (
-            AsymmetricFocalLoss(0, 0, 0, eps, pos_weight=pw, pos_weight_mode="positive_term", reduction="none"),
+            VCEAsymmetricFocalLoss(0, 0, 0, eps, pos_weight=pw, pos_weight_mode="positive_term", reduction="none"),
             BinaryCrossEntropyLoss(eps, pos_weight=pw, pos_weight_mode="positive_term", reduction="none"),
         ):
             ref = F.binary_cross_entropy_with_logits(xd, td, pos_weight=pwd, reduction="none")
             torch.testing.assert_close(loss(xd, yd), ref)
     # with focusing the weight still multiplies the positive log term only, before the focusing factor
     gp, gn, clip = 1.0, 4.0, 0.05
-    weighted = AsymmetricFocalLoss(gp, gn, clip, eps, pos_weight=pw, pos_weight_mode="positive_term", reduction="none")
+    weighted = VCEAsymmetricFocalLoss(
+        gp, gn, clip, eps, pos_weight=pw, pos_weight_mode="positive_term", reduction="none"
+    )
     p = torch.sigmoid(x)
     p_m = (p - clip).clamp(min=0)
     focus = (t * (1 - p) + (1 - t) * p_m) ** (t * gp + (1 - t) * gn)
@@ -306,7 +308,7 @@ def test_positive_term_pos_weight_mode_equals_torch_bce(soft, eps):
 
 
 def test_invalid_pos_weight_mode():
-    for cls in (AsymmetricFocalLoss, BinaryCrossEntropyLoss):
+    for cls in (VCEAsymmetricFocalLoss, BinaryCrossEntropyLoss):
         with pytest.raises(ValueError, match="pos_weight_mode must be one of"):
             cls(pos_weight_mode="positive")
 
@@ -319,7 +321,7 @@ def test_positive_weights_built_by_config_parser():
         {
             "data": [{"label": row} for row in labels],
             "pos_weight": {"_target_": "monai_vce.losses.class_positive_weights", "data": "@data", "max_weight": 10},
-            "loss": {"_target_": "monai_vce.losses.AsymmetricFocalLoss", "pos_weight": "@pos_weight"},
+            "loss": {"_target_": "monai_vce.losses.VCEAsymmetricFocalLoss", "pos_weight": "@pos_weight"},
         }
     )
     loss = parser.get_parsed_content("loss")
@@ -329,7 +331,7 @@ def test_positive_weights_built_by_config_parser():
 def test_higher_dims_none_keeps_shape():
     x = torch.randn(2, 3, 4, 5)
     y = (torch.rand(2, 3, 4, 5) > 0.5).float()
-    out = AsymmetricFocalLoss(weight=[1.0, 2.0, 3.0], pos_weight=[2.0, 2.0, 2.0], reduction="none")(x, y)
+    out = VCEAsymmetricFocalLoss(weight=[1.0, 2.0, 3.0], pos_weight=[2.0, 2.0, 2.0], reduction="none")(x, y)
     assert out.shape == x.shape
 
 
@@ -339,7 +341,7 @@ def test_higher_dims_none_keeps_shape():
 def test_extreme_logits_low_precision_finite(dtype, detach, clip):
     x = torch.tensor([[-100.0, 100.0, -100.0, 100.0, 0.0, 60000.0, -60000.0]], dtype=dtype, requires_grad=True)
     y = torch.tensor([[1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0]])
-    loss = AsymmetricFocalLoss(clip=clip, detach_focusing=detach, reduction="none")
+    loss = VCEAsymmetricFocalLoss(clip=clip, detach_focusing=detach, reduction="none")
     out = loss(x, y)
     assert out.dtype == torch.float32
     assert torch.isfinite(out).all()
@@ -354,12 +356,12 @@ def test_extreme_logits_low_precision_finite(dtype, detach, clip):
 
 def test_invalid_arguments():
     with pytest.raises(ValueError):
-        AsymmetricFocalLoss(gamma_neg=-1)
+        VCEAsymmetricFocalLoss(gamma_neg=-1)
     with pytest.raises(ValueError):
-        AsymmetricFocalLoss(clip=1.0)
+        VCEAsymmetricFocalLoss(clip=1.0)
     with pytest.raises(ValueError, match="label_smoothing"):
-        AsymmetricFocalLoss(label_smoothing=0.5)
+        VCEAsymmetricFocalLoss(label_smoothing=0.5)
     with pytest.raises(ValueError):
-        AsymmetricFocalLoss(weight=[-1.0, 1.0])
+        VCEAsymmetricFocalLoss(weight=[-1.0, 1.0])
     with pytest.raises(ValueError, match="pos_weight"):
-        AsymmetricFocalLoss(pos_weight=[float("nan"), 1.0])
+        VCEAsymmetricFocalLoss(pos_weight=[float("nan"), 1.0])

@@ -14,7 +14,7 @@ from bundle_helpers import CONFIGS, INFERENCE, TRAIN, tiny_config_parser
 
 from monai_vce.data import subsample_frames
 from monai_vce.labels import LABELS, all_prompts
-from monai_vce.losses import AsymmetricFocalLoss, BinaryCrossEntropyLoss, class_positive_weights
+from monai_vce.losses import BinaryCrossEntropyLoss, VCEAsymmetricFocalLoss, class_positive_weights
 from monai_vce.networks import DifferentialAttention, save_tiny_local_dir
 from monai_vce.postprocessing import DecoderParams
 
@@ -57,7 +57,7 @@ def test_paper_preset_is_the_papers_recipe(mini_galar, tmp_path, text_tower):
     expected_pw = class_positive_weights(train_data, min_weight=1.0, max_weight=100.0)
     loss = parser.get_parsed_content("loss")
     con = parser.get_parsed_content("train#contrastive_loss")
-    assert isinstance(loss, AsymmetricFocalLoss) and (loss.gamma_pos, loss.gamma_neg) == (1.0, 4.0)
+    assert isinstance(loss, VCEAsymmetricFocalLoss) and (loss.gamma_pos, loss.gamma_neg) == (1.0, 4.0)
     assert isinstance(con, BinaryCrossEntropyLoss)
     assert loss.label_smoothing == con.label_smoothing == 0.05
     torch.testing.assert_close(loss.pos_weight, expected_pw)

@@ -13,7 +13,7 @@ from monai.utils import set_determinism
 from monai_vce.data import SqrtFrequencySampler
 from monai_vce.engines import MultiLabelMixUp, VCETrainer
 from monai_vce.handlers import EMAWeights
-from monai_vce.losses import AsymmetricFocalLoss, BinaryCrossEntropyLoss
+from monai_vce.losses import BinaryCrossEntropyLoss, VCEAsymmetricFocalLoss
 
 C = 5
 
@@ -62,7 +62,7 @@ def _trainer(net, loader, max_epochs=1, lr=0.05, **kw):
         train_data_loader=loader,
         network=net,
         optimizer=opt,
-        loss_function=kw.pop("loss_function", AsymmetricFocalLoss()),
+        loss_function=kw.pop("loss_function", VCEAsymmetricFocalLoss()),
         decollate=kw.pop("decollate", False),
         **kw,
     )
@@ -78,7 +78,7 @@ def test_is_a_supervised_trainer_and_loss_decreases():
     items = _datalist()
     x = torch.stack([i["image"] for i in items]).float() / 255
     y = torch.stack([i["label"] for i in items])
-    loss_fn = AsymmetricFocalLoss(label_smoothing=0.0)  # no smoothing: a perfect fit has a loss near 0
+    loss_fn = VCEAsymmetricFocalLoss(label_smoothing=0.0)  # no smoothing: a perfect fit has a loss near 0
     with torch.no_grad():
         before = float(loss_fn(net(x), y))
     # default mixup (Beta(0.3, 0.3)) and the dual path
@@ -181,7 +181,7 @@ def test_dual_path_loss_is_sum_with_weight():
         trainer = _trainer(net, _loader(items), mixup_alpha=0.0, lr=0.0, contrastive_weight=w)
         trainer.run()
         out = trainer.state.output
-        loss_fn = AsymmetricFocalLoss()
+        loss_fn = VCEAsymmetricFocalLoss()
         with torch.no_grad():
             cls, con = net.forward_paths(out["image"])
             expected = loss_fn(cls, out["label"]) + (w * loss_fn(con, out["label"]) if w else 0.0)
@@ -201,7 +201,7 @@ def test_paper_loss_focal_plus_weighted_bce_on_the_contrastive_path():
     """L = ASL(cls) + 0.4 x BCE(con), both with the same positive weights (the paper's loss; 0.4 is the default)."""
     items = _datalist(8)
     pw = torch.linspace(1.0, 20.0, C)
-    focal, bce = AsymmetricFocalLoss(pos_weight=pw), BinaryCrossEntropyLoss(pos_weight=pw)
+    focal, bce = VCEAsymmetricFocalLoss(pos_weight=pw), BinaryCrossEntropyLoss(pos_weight=pw)
     net = TinyNet()
     trainer = _trainer(net, _loader(items), mixup_alpha=0.0, lr=0.0, loss_function=focal, contrastive_loss_function=bce)
     assert trainer.contrastive_weight == 0.4

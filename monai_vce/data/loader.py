@@ -6,10 +6,10 @@ from monai.data import DataLoader as _MonaiDataLoader
 
 from monai_vce.utils import LazySequence
 
-__all__ = ["DataLoader"]
+__all__ = ["VCEDataLoader"]
 
 
-class DataLoader(_MonaiDataLoader):
+class VCEDataLoader(_MonaiDataLoader):
     """``monai.data.DataLoader`` whose length is unknown until its dataset's datalist has been read.
 
     MONAI's engines ask ``len(data_loader)`` when they are built. Over a datalist that is read on first use (the

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .asymmetric_focal import AsymmetricFocalLoss, BinaryCrossEntropyLoss
+from .asymmetric_focal import BinaryCrossEntropyLoss, VCEAsymmetricFocalLoss
 from .weights import class_positive_weights
 
-__all__ = ["AsymmetricFocalLoss", "BinaryCrossEntropyLoss", "class_positive_weights"]
+__all__ = ["VCEAsymmetricFocalLoss", "BinaryCrossEntropyLoss", "class_positive_weights"]

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from monai.utils import LossReduction
 from torch.nn.modules.loss import _Loss
 
-__all__ = ["AsymmetricFocalLoss", "BinaryCrossEntropyLoss"]
+__all__ = ["VCEAsymmetricFocalLoss", "BinaryCrossEntropyLoss"]
 
 _POS_WEIGHT_MODES = ("target", "smoothed", "positive_term")
 
@@ -25,7 +25,7 @@ def _as_class_vector(value: Sequence[float] | torch.Tensor | None, name: str) ->
     return vector
 
 
-class AsymmetricFocalLoss(_Loss):
+class VCEAsymmetricFocalLoss(_Loss):
     """Asymmetric loss (ASL) of Ridnik et al., "Asymmetric Loss For Multi-Label Classification",
     ICCV 2021, https://arxiv.org/abs/2009.14119, computed from logits, with label smoothing and per-class positive weights.
 
@@ -51,7 +51,7 @@ class AsymmetricFocalLoss(_Loss):
 
     Example::
 
-        loss = AsymmetricFocalLoss(pos_weight=class_positive_weights(train_datalist))
+        loss = VCEAsymmetricFocalLoss(pos_weight=class_positive_weights(train_datalist))
         value = loss(logits, targets)  # logits (B, 17), targets (B, 17) in [0, 1]
     """
 
@@ -150,21 +150,21 @@ class AsymmetricFocalLoss(_Loss):
         return loss
 
 
-class BinaryCrossEntropyLoss(AsymmetricFocalLoss):
+class BinaryCrossEntropyLoss(VCEAsymmetricFocalLoss):
     """Binary cross-entropy with logits, label smoothing and per-class positive weights.
 
-    The :class:`AsymmetricFocalLoss` without focusing and clipping: ``-[t log p + (1 - t) log(1 - p)]
+    The :class:`VCEAsymmetricFocalLoss` without focusing and clipping: ``-[t log p + (1 - t) log(1 - p)]
     (1 + (w^+_c - 1) y) w_c`` with ``t = y (1 - 2 eps) + eps``. Without smoothing it equals
     ``torch.nn.BCEWithLogitsLoss(pos_weight=..., weight=...)`` on 0/1 targets; with smoothing the positive weight
     follows the target before smoothing (``pos_weight_mode="target"``), so negatives keep their optimum at ``eps``
-    (see :class:`AsymmetricFocalLoss`). The loss of the contrastive path.
+    (see :class:`VCEAsymmetricFocalLoss`). The loss of the contrastive path.
 
     Args:
         label_smoothing: ``eps`` in [0, 0.5).
         pos_weight: optional per-class positive weights (``C`` values along dim 1).
         weight: optional per-class weights.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
-        pos_weight_mode: ``"target"``, ``"smoothed"`` or ``"positive_term"`` (see :class:`AsymmetricFocalLoss`);
+        pos_weight_mode: ``"target"``, ``"smoothed"`` or ``"positive_term"`` (see :class:`VCEAsymmetricFocalLoss`);
             ``"positive_term"`` is ``torch.nn.BCEWithLogitsLoss(pos_weight=...)`` on the smoothed targets.
     """
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.loss import _Loss
 
-from monai_vce.losses import AsymmetricFocalLoss
+from monai_vce.losses import VCEAsymmetricFocalLoss
 
 __all__ = ["FRAME_LOSS_DEFAULTS", "REFINER_LOSS_DEFAULTS", "TemporalRefinementLoss", "as_stages"]
 
@@ -42,7 +42,7 @@ class TemporalRefinementLoss(_Loss):
     For logits ``x`` of shape ``(S, B, C, T)`` (stages, batch, labels, frames), targets ``y`` ``(B, C, T)`` and a
     mask of real frames, the loss is the sum over stages of
 
-    - the classification loss (the project's :class:`~monai_vce.losses.AsymmetricFocalLoss`, by default with
+    - the classification loss (the project's :class:`~monai_vce.losses.VCEAsymmetricFocalLoss`, by default with
       :data:`REFINER_LOSS_DEFAULTS`), averaged over real frames and labels, plus
     - ``smoothness`` times the truncated mean squared difference of consecutive frames' log-probabilities
       (Farha and Gall, MS-TCN, CVPR 2019, eq. 4, with the previous frame detached), over both outcomes of each
@@ -50,7 +50,7 @@ class TemporalRefinementLoss(_Loss):
       ``mean(min((log p_t - log p_{t-1})^2, tau^2))`` over pairs of consecutive real frames.
 
     Args:
-        loss: the classification loss: a mapping of :class:`~monai_vce.losses.AsymmetricFocalLoss` arguments
+        loss: the classification loss: a mapping of :class:`~monai_vce.losses.VCEAsymmetricFocalLoss` arguments
             (merged over :data:`REFINER_LOSS_DEFAULTS`; pass :data:`FRAME_LOSS_DEFAULTS` for the frame model's
             settings) or a module returning the element-wise loss
             (``reduction="none"``) of ``(B, C, T)`` logits and targets.
@@ -93,7 +93,7 @@ class TemporalRefinementLoss(_Loss):
             kwargs.pop("reduction", None)
             if class_weight is not None:
                 kwargs["weight"] = class_weight
-            self.classification = AsymmetricFocalLoss(**kwargs, reduction="none")
+            self.classification = VCEAsymmetricFocalLoss(**kwargs, reduction="none")
         self.smoothness = float(smoothness)
         self.tau = float(tau)
 

@@ -241,7 +241,7 @@ def fit_refiner(
         learning_rate: peak AdamW learning rate (linear warm-up, then cosine decay to 0).
         weight_decay: AdamW weight decay.
         warmup_fraction: share of the steps spent warming up.
-        loss: classification loss: arguments of :class:`~monai_vce.losses.AsymmetricFocalLoss` (default:
+        loss: classification loss: arguments of :class:`~monai_vce.losses.VCEAsymmetricFocalLoss` (default:
             :data:`~monai_vce.temporal.losses.REFINER_LOSS_DEFAULTS`, calibrated probabilities) or a module (see :class:`~monai_vce.temporal.losses.TemporalRefinementLoss`).
         smoothness: weight of MS-TCN's truncated smoothness term (MS-TCN uses 0.15). Off by default: the
             challenge's ground truth splits a finding's run at every change of the label set, which the term
