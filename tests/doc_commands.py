@@ -1,6 +1,6 @@
 """The command lines of the documentation, as printed, and a runner that executes them in one process.
 
-Every fenced ``bash`` block of ``README.md`` and ``bundle/docs/README.md`` is read. Its info string says what its
+Every fenced ``bash`` block of ``README.md``, ``bundle/docs/README.md`` and ``bundle/docs/details.md`` is read. Its info string says what its
 commands are:
 
 - ```` ```bash ```` (no tag): the commands run exactly as printed from the repository root once the demo has run

@@ -1,5 +1,5 @@
 """Export of the trained bundle model: ``ckpt_export`` to TorchScript (traced and scripted) with ``inference.json``
-embedded, as bundle/docs/README.md shows both commands."""
+embedded, as bundle/docs/details.md shows both commands."""
 
 from __future__ import annotations
 

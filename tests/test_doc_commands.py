@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from doc_commands import RESULT, doc_commands, entry
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", ROOT / "bundle" / "docs" / "README.md"]
+DOCS = [ROOT / "README.md", ROOT / "bundle" / "docs" / "README.md", ROOT / "bundle" / "docs" / "details.md"]
 DEMO = "python -m monai_vce.demo"
 #: Commands for the user's data without a demo variant (program, module, sub-commands), and why.
 NO_DEMO_VARIANT = {
