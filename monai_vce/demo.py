@@ -25,8 +25,17 @@ from monai_vce.utils import atomic_write_json, error_summary
 
 __all__ = ["run_demo", "main"]
 
-#: The bundle the demo runs: ``bundle/`` of this checkout (``--bundle_root`` names another).
+#: ``bundle/`` of this checkout: the demo's bundle when the working folder is not a checkout's root or bundle.
 DEMO_BUNDLE = Path(__file__).resolve().parents[1] / "bundle"
+
+
+def demo_bundle() -> Path:
+    """The bundle the demo runs: the working folder's (``bundle/`` from a checkout's root, ``.`` from inside the
+    bundle), where the documented commands that follow it read its outputs; else :data:`DEMO_BUNDLE`."""
+    for here in (Path("bundle"), Path(".")):
+        if (here / "configs" / "metadata.json").is_file():
+            return here
+    return DEMO_BUNDLE
 
 
 def _shown_path(path: Path | str) -> str:
@@ -141,14 +150,14 @@ def run_demo(
     """Run the demo chain and return its summary (paths, scores, timings).
 
     Args:
-        bundle_root: the bundle folder (default: ``bundle`` of this repository).
+        bundle_root: the bundle folder (default: :func:`demo_bundle`).
         max_epochs: override of the demo's number of epochs.
         quiet: do not print the step headers and the summary.
     """
     import torch
     from monai.bundle import ckpt_export
 
-    bundle = Path(bundle_root if bundle_root is not None else DEMO_BUNDLE).resolve()
+    bundle = Path(bundle_root if bundle_root is not None else demo_bundle()).resolve()
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     timings: dict[str, float] = {}
     extra = {} if max_epochs is None else {"max_epochs": int(max_epochs)}
@@ -312,7 +321,7 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(max(int(threads), 1))
-    bundle = Path(args.bundle_root if args.bundle_root is not None else DEMO_BUNDLE)
+    bundle = Path(args.bundle_root if args.bundle_root is not None else demo_bundle())
     console = _Console(bundle / "demo" / "demo.log", args.verbose)
     _CONSOLES.append(console)
     try:

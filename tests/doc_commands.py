@@ -136,6 +136,16 @@ def _run_in_process(tokens: list[str]) -> int:
     return 0
 
 
+def _innermost(exc: BaseException) -> str:
+    """The traceback of the exception a chain started from (MONAI's config errors wrap the cause), then the outer
+    message: the cause is what a reader of a failing test needs."""
+    inner = exc
+    while inner.__cause__ is not None or inner.__context__ is not None:
+        inner = inner.__cause__ or inner.__context__  # type: ignore[assignment]
+    cause = "".join(traceback.format_exception(type(inner), inner, inner.__traceback__))[-2500:]
+    return cause if inner is exc else f"{cause}\n... raised as: {type(exc).__name__}: {str(exc)[:400]}"
+
+
 def run(cmd: str) -> dict:
     """Run one documented command from the working folder; ``{"cmd", "rc", "seconds", "error"}``."""
     t0 = time.perf_counter()
@@ -150,8 +160,8 @@ def run(cmd: str) -> dict:
     if in_process:
         try:
             rc = _run_in_process(tokens)
-        except Exception:
-            rc, error = 1, traceback.format_exc()[-3000:]
+        except Exception as e:
+            rc, error = 1, _innermost(e)
     else:
         res = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True)
         rc, error = res.returncode, (res.stderr[-3000:] if res.returncode else "")
