@@ -5,20 +5,168 @@ pathologies and unlabelled nuisances, sized relative to the image.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
 from monai_vce.labels import LABELS, NUM_LABELS, SECTIONS
 
-__all__ = ["CAPSULES", "FrameNuisances", "render_frames", "iter_render_video"]
+__all__ = [
+    "CAPSULES",
+    "CapsuleDevice",
+    "DEVICES",
+    "UNSEEN_DEVICE",
+    "capsule_device",
+    "device_render_size",
+    "FrameNuisances",
+    "render_frames",
+    "iter_render_video",
+]
 
-#: Capsule systems of the Galar dataset, each with a colour cast (RGB gains) and a round field of view or not.
-CAPSULES: dict[str, tuple[tuple[float, float, float], bool]] = {
-    "PillCam SB3": ((1.00, 0.97, 0.94), True),
-    "PillCam SB2": ((1.02, 0.95, 0.90), True),
-    "PillCam COLON2": ((0.98, 0.98, 0.98), True),
-    "Olympus": ((1.00, 1.00, 1.04), False),
+_Triple = tuple[float, float, float]
+
+
+@dataclass(frozen=True)
+class CapsuleDevice:
+    """Appearance of one capsule system: what its camera and reading software do to a frame.
+
+    Args:
+        name: system name (key of :data:`DEVICES`).
+        resolution: native image side in pixels; frames are rendered at ``size * resolution / 512`` pixels (never
+            more than ``size``) and resized to ``size`` bilinearly, so a lower-resolution system shows less detail.
+        colour_matrix: 3x3 sensor colour response applied to linear RGB (rows: output R, G, B).
+        white_balance: RGB gains after the colour matrix (also the colour cast of the default appearance).
+        vignetting: light fall-off at the image corners: brightness ``1 - vignetting * r**2 / 2`` at radius ``r``
+            (``r`` = 1 at the middle of an edge).
+        round_fov: round field of view, else a rounded square (corner radius 0.4).
+        noise: scale of the per-frame sensor noise.
+        chroma_noise: share (0-1) of the noise that is independent per colour channel, the rest luminance noise.
+        jpeg_quality: quality (1-100) of the JPEG-like 8x8 block-DCT compression (YCbCr, 4:2:0), ``None`` for none.
+        overlay: corner of the on-screen timestamp-like bar (``"tl"``, ``"tr"``, ``"bl"``, ``"br"``), ``None``
+            for none.
+        overlay_rgb: colour of the overlay bar.
+        fps: frame rate of the system in frames per second (recorded in ``metadata.csv``).
+    """
+
+    name: str
+    resolution: int
+    colour_matrix: tuple[_Triple, _Triple, _Triple]
+    white_balance: _Triple
+    vignetting: float
+    round_fov: bool
+    noise: float
+    chroma_noise: float
+    jpeg_quality: int | None
+    overlay: str | None
+    overlay_rgb: _Triple
+    fps: float
+
+
+#: Capsule systems: the four of the Galar dataset (PillCam SB3/SB2/COLON2 512x512, Olympus 336x336) and NaviCam
+#: (480x480), the system of the challenge test set, never seen in training. PillCams: round view, mild vignetting;
+#: Olympus: rounded-square view, cooler and desaturated, softer (lower resolution), strongest compression;
+#: NaviCam: warm yellow response, strong vignetting, coarse luminance noise, overlay in another corner.
+DEVICES: dict[str, CapsuleDevice] = {
+    d.name: d
+    for d in (
+        CapsuleDevice(
+            name="PillCam SB3",
+            resolution=512,
+            colour_matrix=((1.10, -0.06, -0.04), (-0.04, 1.08, -0.04), (-0.02, -0.08, 1.10)),
+            white_balance=(1.00, 0.97, 0.94),
+            vignetting=0.25,
+            round_fov=True,
+            noise=0.8,
+            chroma_noise=0.5,
+            jpeg_quality=90,
+            overlay="tl",
+            overlay_rgb=(0.95, 0.95, 0.95),
+            fps=4.0,
+        ),
+        CapsuleDevice(
+            name="PillCam SB2",
+            resolution=512,
+            colour_matrix=((1.04, -0.02, -0.02), (-0.02, 1.04, -0.02), (-0.02, -0.04, 1.06)),
+            white_balance=(1.02, 0.95, 0.90),
+            vignetting=0.30,
+            round_fov=True,
+            noise=1.1,
+            chroma_noise=0.6,
+            jpeg_quality=80,
+            overlay="tl",
+            overlay_rgb=(0.95, 0.95, 0.95),
+            fps=2.0,
+        ),
+        CapsuleDevice(
+            name="PillCam COLON2",
+            resolution=512,
+            colour_matrix=((1.00, 0.00, 0.00), (0.00, 1.00, 0.00), (0.00, 0.00, 1.00)),
+            white_balance=(0.98, 0.98, 0.98),
+            vignetting=0.20,
+            round_fov=True,
+            noise=0.9,
+            chroma_noise=0.5,
+            jpeg_quality=85,
+            overlay="tr",
+            overlay_rgb=(0.95, 0.95, 0.95),
+            fps=4.0,
+        ),
+        CapsuleDevice(
+            name="Olympus",
+            resolution=336,
+            colour_matrix=((0.90, 0.07, 0.03), (0.05, 0.90, 0.05), (0.03, 0.07, 0.90)),
+            white_balance=(1.00, 1.00, 1.04),
+            vignetting=0.15,
+            round_fov=False,
+            noise=1.0,
+            chroma_noise=0.7,
+            jpeg_quality=70,
+            overlay="br",
+            overlay_rgb=(0.90, 0.95, 1.00),
+            fps=2.0,
+        ),
+        CapsuleDevice(
+            name="NaviCam",
+            resolution=480,
+            colour_matrix=((1.08, 0.00, -0.08), (0.02, 1.02, -0.04), (-0.04, -0.06, 0.90)),
+            white_balance=(1.08, 1.02, 0.78),
+            vignetting=0.55,
+            round_fov=True,
+            noise=1.4,
+            chroma_noise=0.2,
+            jpeg_quality=75,
+            overlay="bl",
+            overlay_rgb=(1.00, 0.90, 0.30),
+            fps=2.0,
+        ),
+    )
 }
+#: The capsule system of the challenge test set, absent from training (a leave-one-device-out target).
+UNSEEN_DEVICE = "NaviCam"
+#: Capsule systems of the Galar dataset, each with a colour cast (RGB gains) and a round field of view or not: the
+#: default appearance (colour cast and field of view only), picked at random per video.
+CAPSULES: dict[str, tuple[tuple[float, float, float], bool]] = {
+    name: (d.white_balance, d.round_fov) for name, d in DEVICES.items() if name != UNSEEN_DEVICE
+}
+# native resolution rendered at the full ``size``; lower ones are rendered smaller and resized up
+_REFERENCE_RESOLUTION = 512
+
+
+def capsule_device(name: str) -> CapsuleDevice:
+    """The :class:`CapsuleDevice` called ``name``.
+
+    Raises:
+        ValueError: unknown name (the message names it and the known systems).
+    """
+    if name not in DEVICES:
+        raise ValueError(f"unknown capsule system {name!r}; known: {', '.join(DEVICES)}")
+    return DEVICES[name]
+
+
+def device_render_size(device: CapsuleDevice, size: int) -> int:
+    """Side in pixels at which ``device``'s frames of output side ``size`` are rendered before resizing."""
+    return max(8, min(int(size), round(int(size) * device.resolution / _REFERENCE_RESOLUTION)))
+
 
 _L = {name: i for i, name in enumerate(LABELS)}
 # base colours (RGB in [0, 1]) of the sections, and of frames without section (out of body)
@@ -174,6 +322,136 @@ def _box_blur(x: np.ndarray, radius: int) -> np.ndarray:
     return x
 
 
+def _bilinear_weights(n_out: int, n_in: int) -> np.ndarray:
+    """(n_out, n_in) bilinear interpolation weights, pixel centres aligned, edges clamped."""
+    x = np.clip((np.arange(n_out) + 0.5) * n_in / n_out - 0.5, 0, n_in - 1)
+    i0 = np.minimum(np.floor(x).astype(int), n_in - 1)
+    i1 = np.minimum(i0 + 1, n_in - 1)
+    t = (x - i0).astype(np.float32)
+    w = np.zeros((n_out, n_in), dtype=np.float32)
+    np.add.at(w, (np.arange(n_out), i0), 1 - t)
+    np.add.at(w, (np.arange(n_out), i1), t)
+    return w
+
+
+def _resize(img: np.ndarray, size: int) -> np.ndarray:
+    """Bilinear resize of (B, H, W, 3) images to (B, size, size, 3)."""
+    if img.shape[1] == size and img.shape[2] == size:
+        return img
+    wy, wx = _bilinear_weights(size, img.shape[1]), _bilinear_weights(size, img.shape[2])
+    return np.einsum("sh,bhwc,tw->bstc", wy, img, wx, optimize=True).astype(np.float32)
+
+
+# JPEG (ITU T.81 Annex K) quantisation tables, luminance and chrominance
+_JPEG_LUMA = np.array(
+    [
+        [16, 11, 10, 16, 24, 40, 51, 61],
+        [12, 12, 14, 19, 26, 58, 60, 55],
+        [14, 13, 16, 24, 40, 57, 69, 56],
+        [14, 17, 22, 29, 51, 87, 80, 62],
+        [18, 22, 37, 56, 68, 109, 103, 77],
+        [24, 35, 55, 64, 81, 104, 113, 92],
+        [49, 64, 78, 87, 103, 121, 120, 101],
+        [72, 92, 95, 98, 112, 100, 103, 99],
+    ],
+    dtype=np.float32,
+)
+_JPEG_CHROMA = np.full((8, 8), 99, dtype=np.float32)
+_JPEG_CHROMA[:4, :4] = [[17, 18, 24, 47], [18, 21, 26, 66], [24, 26, 56, 99], [47, 66, 99, 99]]
+_RGB2YCC = np.array([[0.299, 0.587, 0.114], [-0.168736, -0.331264, 0.5], [0.5, -0.418688, -0.081312]], np.float32)
+_YCC2RGB = np.linalg.inv(_RGB2YCC).astype(np.float32)
+_k = np.arange(8)
+_DCT = (
+    np.sqrt(np.where(_k == 0, 1.0, 2.0) / 8)[:, None] * np.cos((2 * _k[None, :] + 1) * _k[:, None] * np.pi / 16)
+).astype(np.float32)  # orthonormal DCT-II matrix
+
+
+def _jpeg_like(img: np.ndarray, quality: int) -> np.ndarray:
+    """JPEG-like compression of (B, H, W, 3) images in [0, 1]: YCbCr, 4:2:0 chroma, 8x8 DCT quantised (IJG scaling)."""
+    b, h, w, _ = img.shape
+    q = int(np.clip(quality, 1, 100))
+    scale = 5000 / q if q < 50 else 200 - 2 * q
+    tables = np.stack([_JPEG_LUMA, _JPEG_CHROMA, _JPEG_CHROMA], axis=-1)  # (8, 8, 3)
+    tables = np.clip(np.floor((tables * scale + 50) / 100), 1, 255)
+    hp, wp = -(-h // 16) * 16, -(-w // 16) * 16
+    x = np.pad(img * 255.0, [(0, 0), (0, hp - h), (0, wp - w), (0, 0)], mode="edge") @ _RGB2YCC.T
+    chroma = x[..., 1:].reshape(b, hp // 2, 2, wp // 2, 2, 2).mean(axis=(2, 4))
+    x[..., 1:] = np.repeat(np.repeat(chroma, 2, axis=1), 2, axis=2)
+    x[..., 0] -= 128.0
+    blocks = x.reshape(b, hp // 8, 8, wp // 8, 8, 3)
+    coef = np.einsum("ij,bpjqkc,lk->bpiqlc", _DCT, blocks, _DCT, optimize=True)
+    t = tables[None, None, :, None, :, :]
+    coef = np.round(coef / t) * t
+    x = np.einsum("ij,bpiqlc,lk->bpjqkc", _DCT, coef, _DCT, optimize=True).reshape(b, hp, wp, 3)
+    x[..., 0] += 128.0
+    return np.clip((x @ _YCC2RGB.T)[:, :h, :w] / 255.0, 0.0, 1.0).astype(np.float32)
+
+
+# cells of the overlay bar: a lead cell and bits of the frame number (a changing timestamp-like pattern)
+_OVERLAY_BITS = 9
+
+
+def _draw_overlay(img: np.ndarray, frames: np.ndarray, device: CapsuleDevice) -> None:
+    """Draw ``device``'s timestamp-like bar into (B, S, S, 3) images in place: a dark box with bright cells."""
+    if device.overlay is None:
+        return
+    s = img.shape[1]
+    h, w, m = max(2, round(0.05 * s)), max(1, round(0.025 * s)), max(1, round(0.03 * s))
+    n = _OVERLAY_BITS + 1
+    top = m if device.overlay[0] == "t" else s - m - h
+    left = m if device.overlay[1] == "l" else s - m - n * w
+    bits = (np.asarray(frames)[:, None] >> np.arange(_OVERLAY_BITS)[None, :]) & 1
+    on = np.concatenate([np.ones((len(frames), 1), bool), bits.astype(bool)], axis=1)  # (B, n)
+    cell = np.repeat(on, w, axis=1)[:, None, :, None]  # (B, 1, n*w, 1)
+    rgb = np.asarray(device.overlay_rgb, np.float32)
+    img[:, top : top + h, left : left + n * w] = np.where(cell, rgb, np.float32(0.03))
+
+
+def _fov_mask(xx: np.ndarray, yy: np.ndarray, px: float, round_fov: bool) -> np.ndarray:
+    """Field-of-view mask (S, S): a disc of radius 1, or a rounded square (corner radius 0.4), edge about 2 px."""
+    if round_fov:
+        return np.clip((1.0 - np.sqrt(xx**2 + yy**2)) / (2 * px) + 1.0, 0, 1)
+    outside = np.sqrt(np.clip(np.abs(xx) - 0.6, 0, None) ** 2 + np.clip(np.abs(yy) - 0.6, 0, None) ** 2) - 0.4
+    return np.clip(0.5 - outside / (2 * px), 0, 1)
+
+
+def _device_camera(
+    img: np.ndarray,
+    size: int,
+    rng: np.random.Generator,
+    nz: FrameNuisances,
+    frames: np.ndarray,
+    device: CapsuleDevice,
+    xx: np.ndarray,
+    yy: np.ndarray,
+    px: float,
+) -> np.ndarray:
+    """A device's camera and software on rendered scenes (B, R, R, 3): uint8 (B, size, size, 3).
+
+    Gain, colour matrix and white balance, blur, vignetting, sensor noise, field of view and JPEG-like compression
+    at the render side R; then the bilinear resize to ``size`` and the on-screen overlay.
+    """
+    b = img.shape[0]
+    matrix = np.asarray(device.colour_matrix, np.float32) * np.asarray(device.white_balance, np.float32)[:, None]
+    img = (img @ matrix.T) * nz.gain[frames][:, None, None, None]
+    for radius in (1, 2):
+        sel = np.flatnonzero(nz.blur[frames] == radius)
+        if sel.size:
+            img[sel] = _box_blur(img[sel], radius)
+    img *= np.clip(1.0 - 0.5 * device.vignetting * (xx**2 + yy**2), 0.0, 1.0)[None, ..., None]
+    sigma = (nz.noise[frames] * device.noise)[:, None, None, None]
+    c = float(np.clip(device.chroma_noise, 0.0, 1.0))
+    lum = rng.standard_normal((b, *img.shape[1:3], 1), dtype=np.float32)
+    col = rng.standard_normal(img.shape, dtype=np.float32)
+    img += sigma * (np.float32(np.sqrt(1 - c)) * lum + np.float32(np.sqrt(c)) * col)
+    img = np.clip(img * _fov_mask(xx, yy, px, device.round_fov)[None, ..., None], 0.0, 1.0)
+    if device.jpeg_quality is not None:
+        img = _jpeg_like(img, device.jpeg_quality)
+    img = _resize(img, size)
+    _draw_overlay(img, frames, device)
+    return (np.clip(img, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+
+
 def render_frames(
     labels: np.ndarray,
     size: int,
@@ -182,6 +460,7 @@ def render_frames(
     frames: np.ndarray,
     banks: _Banks,
     capsule: str | None = None,
+    device: CapsuleDevice | None = None,
 ) -> np.ndarray:
     """Render a chunk of frames.
 
@@ -191,14 +470,20 @@ def render_frames(
         rng: random generator (consumed).
         nuisances: the video's :class:`FrameNuisances`.
         frames: int (B,) positions of the chunk's frames in the video (rows of ``nuisances``).
-        banks: the video's texture banks.
-        capsule: capsule system (colour cast and field of view); ``None`` for neutral.
+        banks: the video's texture banks, of side :func:`device_render_size` when ``device`` is given, else ``size``.
+        capsule: capsule system of the default appearance (colour cast and field of view only); ``None`` for neutral.
+        device: full appearance of a capsule system (see :class:`CapsuleDevice`), rendered at its native detail and
+            resized to ``size``; excludes ``capsule``.
 
     Returns:
         uint8 (B, S, S, 3) images.
     """
     lab = np.asarray(labels, dtype=bool)
-    b, s = lab.shape[0], int(size)
+    if device is not None and capsule is not None:
+        raise ValueError(f"give a capsule name or a device, not both (got {capsule!r} and {device.name!r})")
+    b, s = lab.shape[0], int(size) if device is None else device_render_size(device, size)
+    if banks.size != s:
+        raise ValueError(f"texture banks of {banks.size} pixels for frames rendered at {s} pixels")
     px = 2.0 / s
     g = (np.arange(s, dtype=np.float32) + 0.5) * px - 1.0
     yy, xx = np.meshgrid(g, g, indexing="ij")
@@ -398,6 +683,8 @@ def render_frames(
         ).max(axis=1)
         _blend(img, sel, 0.12 * inside + 0.55 * rim + 0.8 * glint, (0.97, 0.97, 0.95))
 
+    if device is not None:
+        return _device_camera(img, int(size), rng, nz, frames, device, xx, yy, px)
     # --- camera: gain, colour cast, blur, noise, field of view
     cast, round_fov = CAPSULES.get(capsule, ((1.0, 1.0, 1.0), False)) if capsule else ((1.0, 1.0, 1.0), False)
     img *= nz.gain[frames][:, None, None, None] * np.asarray(cast, np.float32)
@@ -406,11 +693,7 @@ def render_frames(
         if sel.size:
             img[sel] = _box_blur(img[sel], radius)
     img += rng.standard_normal(img.shape, dtype=np.float32) * nz.noise[frames][:, None, None, None]
-    if round_fov:
-        img *= np.clip((1.0 - np.sqrt(xx**2 + yy**2)) / (2 * px) + 1.0, 0, 1)[None, ..., None]
-    else:  # rounded-square field of view (corner radius 0.4)
-        outside = np.sqrt(np.clip(np.abs(xx) - 0.6, 0, None) ** 2 + np.clip(np.abs(yy) - 0.6, 0, None) ** 2) - 0.4
-        img *= np.clip(0.5 - outside / (2 * px), 0, 1)[None, ..., None]
+    img *= _fov_mask(xx, yy, px, round_fov)[None, ..., None]
     return (np.clip(img, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 
@@ -420,6 +703,7 @@ def iter_render_video(
     rng: np.random.Generator,
     capsule: str | None = None,
     nuisances: FrameNuisances | None = None,
+    device: CapsuleDevice | str | None = None,
 ) -> Iterator[tuple[int, np.ndarray]]:
     """Render all frames of a video chunk by chunk.
 
@@ -427,8 +711,10 @@ def iter_render_video(
         labels: bool (T, 17) label set of every frame.
         size: image side in pixels.
         rng: random generator of the video (consumed; same generator state -> same images).
-        capsule: capsule system of the video (see :data:`CAPSULES`).
+        capsule: capsule system of the video for the default appearance (see :data:`CAPSULES`).
         nuisances: per-frame nuisances; drawn from ``rng`` when ``None``.
+        device: full appearance of a capsule system instead (a :class:`CapsuleDevice` or a name in
+            :data:`DEVICES`); excludes ``capsule``.
 
     Yields:
         ``(first_frame, images)`` with images uint8 (B, S, S, 3) of frames ``first_frame .. first_frame+B-1``.
@@ -438,10 +724,13 @@ def iter_render_video(
         raise ValueError(f"labels must be (T, {NUM_LABELS}), got {labels.shape}")
     if size < 8:
         raise ValueError(f"image size must be at least 8 pixels, got {size}")
+    dev = capsule_device(device) if isinstance(device, str) else device
+    if dev is not None and capsule is not None:
+        raise ValueError(f"give a capsule name or a device, not both (got {capsule!r} and {dev.name!r})")
     t = labels.shape[0]
     nz = nuisances if nuisances is not None else FrameNuisances(t, rng)
-    banks = _Banks(rng, size)
+    banks = _Banks(rng, size if dev is None else device_render_size(dev, size))
     chunk = max(1, min(t, _CHUNK_PIXELS // (size * size)))
     for start in range(0, t, chunk):
         frames = np.arange(start, min(t, start + chunk))
-        yield start, render_frames(labels[frames], size, rng, nz, frames, banks, capsule)
+        yield start, render_frames(labels[frames], size, rng, nz, frames, banks, capsule, dev)

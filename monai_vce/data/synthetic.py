@@ -23,7 +23,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from monai_vce.cli import command_main
-from monai_vce.data.render import CAPSULES, FrameNuisances, iter_render_video
+from monai_vce.data.render import CAPSULES, DEVICES, FrameNuisances, capsule_device, iter_render_video
 from monai_vce.data.video import require_av, write_video
 from monai_vce.events.composition import events_to_frames
 from monai_vce.events.ground_truth import ground_truth_events
@@ -406,6 +406,7 @@ def generate_mini_galar(
     video_format: str | None = None,
     video_fps: int = 5,
     progress: bool = False,
+    capsules: Sequence[str] | None = None,
 ) -> Path:
     """Generate a mini-Galar dataset in the Galar layout.
 
@@ -430,9 +431,19 @@ def generate_mini_galar(
             equals ``index`` in every video.
         video_fps: frame rate stored in the video files.
         progress: draw a progress bar over the videos (on a terminal only).
+        capsules: capsule systems (names in :data:`~monai_vce.data.render.DEVICES`); video ``v`` is rendered
+            with the full appearance of ``capsules[v % len(capsules)]`` (resolution, colour response, vignetting,
+            field of view, noise, compression, overlay; see :class:`~monai_vce.data.render.CapsuleDevice`) and
+            ``metadata.csv`` gains an ``fps`` column (the system's frame rate). ``["NaviCam"]`` writes a set of the
+            unseen test-set system. ``None`` (default): a random system of
+            :data:`~monai_vce.data.render.CAPSULES` per video with a colour cast and field of view only. The
+            labels, timelines and nuisances of a video do not depend on ``capsules``.
 
     Returns:
         ``out_dir`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        ValueError: invalid arguments, e.g. an unknown capsule system (the message names it and the known ones).
     """
     if videos < 1 or frames_per_video < 1:
         raise ValueError(f"videos and frames_per_video must be positive, got {videos} and {frames_per_video}")
@@ -453,6 +464,12 @@ def generate_mini_galar(
             raise ValueError(f"video files need an even frame size, got {size}")
 
         require_av()
+    if capsules is not None:
+        if isinstance(capsules, str):
+            capsules = [capsules]
+        if not capsules:
+            raise ValueError(f"capsules must name at least one capsule system; known: {', '.join(DEVICES)}")
+        devices = [capsule_device(name) for name in capsules]
     from PIL import Image
 
     out = Path(out_dir)
@@ -494,7 +511,8 @@ def generate_mini_galar(
                 labels = resample_timeline(events_to_matrix(timelines[sources[v]]), frames_per_video, min_event_frames)
             else:
                 labels = builtin_timeline(frames_per_video, rng, min_event_frames)
-            capsule = capsule_names[int(rng.integers(len(capsule_names)))]
+            capsule = capsule_names[int(rng.integers(len(capsule_names)))]  # drawn always: same rng stream
+            device = None if capsules is None else devices[v % len(devices)]
             index = np.arange(frames_per_video, dtype=np.int64)
             if video_format is not None:  # frames of a video file are numbered by decoded position
                 frame = index.copy()
@@ -514,7 +532,11 @@ def generate_mini_galar(
             written.append(f"labels/{vid}.csv")
             _record(out, written)
             nuisances = FrameNuisances(frames_per_video, rng)
-            chunks = iter_render_video(labels, size, rng, capsule, nuisances)
+            if device is None:
+                chunks = iter_render_video(labels, size, rng, capsule, nuisances)
+            else:
+                capsule = device.name
+                chunks = iter_render_video(labels, size, rng, None, nuisances, device=device)
             if video_format is not None:
                 (out / "frames").mkdir(parents=True, exist_ok=True)
                 write_video(out / "frames" / f"{vid}.{video_format}", (images for _, images in chunks), fps=video_fps)
@@ -530,13 +552,13 @@ def generate_mini_galar(
             extras = {"bubbles": nuisances.bubbles, "dirt": nuisances.dirt}
             atomic_write_text(out / "labels" / f"{vid}.csv", _csv_text(index, frame, labels, extras))
             gt_videos.append({"video_id": vid, "events": ground_truth_events(index, labels, video_id=vid)})
-            meta_rows.append([vid, capsule, sources[v], rule])
+            meta_rows.append([vid, capsule, sources[v], rule] + ([] if device is None else [f"{device.fps:g}"]))
         bar.update(1)
         bar.close()
         # csv quoting: a source video id of the events file may hold a comma or a line break
         meta = io.StringIO()
         csv.writer(meta, lineterminator="\n").writerows(
-            [["video_id", "capsule", "source_video", "frame_rule"], *meta_rows]
+            [["video_id", "capsule", "source_video", "frame_rule", *([] if capsules is None else ["fps"])], *meta_rows]
         )
         written += ["metadata.csv", "ground_truth.json", events_meta_path("ground_truth.json").name]
         _record(out, written)
@@ -552,8 +574,8 @@ def ensure_mini_galar(
 
     The data is generated into a temporary sibling folder and renamed into place, so an interrupted
     generation never leaves a half-made dataset behind; ``out_dir/ground_truth.json`` marks a complete one.
-    ``kwargs`` go to :func:`monai_vce.data.synthetic.generate_mini_galar` (e.g. ``use_real_timelines``; its
-    ``progress`` bar is on by default here, drawn on a terminal only).
+    ``kwargs`` go to :func:`monai_vce.data.synthetic.generate_mini_galar` (e.g. ``use_real_timelines``, or
+    ``capsules`` for per-system appearance; its ``progress`` bar is on by default here, drawn on a terminal only).
 
     Returns:
         ``out_dir`` as a string.
@@ -608,6 +630,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="write each video as one video file frames/<video_id>.<format> instead of a frame folder",
     )
     p.add_argument("--video-fps", type=int, default=5, help="frame rate of the video files (default 5)")
+    p.add_argument(
+        "--capsules",
+        default=None,
+        help="comma-separated capsule systems rendered round robin over the videos with their full appearance, "
+        f"e.g. 'PillCam SB3,Olympus' or 'NaviCam' (the unseen test-set system); known: {', '.join(DEVICES)}; "
+        "default: a random Galar system per video with a colour cast only",
+    )
     p.set_defaults(run=run)
     return p
 
@@ -626,12 +655,15 @@ def run(args: argparse.Namespace) -> int:
         min_event_frames=args.min_event_frames,
         video_format=args.video_format,
         video_fps=args.video_fps,
+        capsules=None if args.capsules is None else [c.strip() for c in args.capsules.split(",") if c.strip()],
     )
     out = out.resolve()
     meta = list(csv.reader((out / "metadata.csv").read_text().splitlines()))[1:]
     sources = sorted({row[2] for row in meta}, key=natural_key)
     print(f"mini-Galar: {args.num_videos} videos x {args.frames_per_video} frames of {args.size} px (seed {args.seed})")
     print(f"timelines: {'built-in generator' if sources == ['builtin'] else 'real Galar videos ' + ', '.join(sources)}")
+    if args.capsules is not None:
+        print(f"capsules: {', '.join(sorted({row[1] for row in meta}))} (full per-system appearance)")
     print(f"frames:       {out / 'frames'}")
     print(f"labels:       {out / 'labels'}")
     print(f"metadata:     {out / 'metadata.csv'}")

@@ -4,6 +4,7 @@ text embeddings. Importing registers the tiny test model with timm and open_clip
 
 from __future__ import annotations
 
+from .adabn import adapt_batchnorm, batchnorm_layers, batchnorm_state, exam_batchnorm, restore_batchnorm
 from .backbone import (
     BIOMEDCLIP_HUB_ID,
     BIOMEDCLIP_MODEL_NAME,
@@ -31,6 +32,11 @@ from .network_utils import load_pretrained, param_groups, unwrap_network
 from .text_embeddings import compute_text_embeddings, load_text_embeddings, save_text_embeddings
 
 __all__ = [
+    "adapt_batchnorm",
+    "exam_batchnorm",
+    "batchnorm_layers",
+    "batchnorm_state",
+    "restore_batchnorm",
     "BIOMEDCLIP_HUB_ID",
     "BIOMEDCLIP_MODEL_NAME",
     "TINY_MODEL_NAME",

@@ -52,6 +52,14 @@ from .gating import (
     video_folds,
 )
 from .params import WINDOW_SECONDS_PARAMS, DecoderParams, decoder_params_schema
+from .recalibration import (
+    DEFAULT_LEVELS,
+    ReferenceQuantiles,
+    load_reference_quantiles,
+    quantile_match,
+    recalibrate_decoder,
+    recalibrate_thresholds,
+)
 from .screening import SCREENING_THRESHOLDS, load_screening_decoder, screening_operating_point, tune_screening
 from .simulate import NOISE_LEVELS, simulate_probabilities
 from .steps import MAX_FRAMES, ChainStep, Param
@@ -122,5 +130,11 @@ __all__ = [
     "save_thresholds",
     "load_thresholds",
     "NOISE_LEVELS",
+    "DEFAULT_LEVELS",
+    "ReferenceQuantiles",
+    "load_reference_quantiles",
+    "recalibrate_thresholds",
+    "recalibrate_decoder",
+    "quantile_match",
     "simulate_probabilities",
 ]
