@@ -398,6 +398,13 @@ OVERLAYS = {
     "multi_gpu_inference.json": ["inference.json"],
     "temporal_inference.json": ["inference.json"],
     "demo_metadata.json": ["metadata.json"],
+    "exam_norm_train.json": ["train.json"],
+    "exam_norm_evaluate.json": ["train.json", "evaluate.json"],
+    "exam_norm_inference.json": ["inference.json"],
+    "tta.json": ["inference.json"],
+    "recalibration.json": ["inference.json"],
+    "adabn.json": ["inference.json"],
+    "adapt.json": ["inference.json"],
 }
 
 

@@ -12,7 +12,10 @@ computed lazily per video), and :class:`ExamColorNormalized` after the frame is 
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,10 +25,12 @@ from monai.transforms import MapTransform
 from monai.utils import convert_to_dst_type, convert_to_tensor
 
 from monai_vce.data.frames import load_vce_frame
+from monai_vce.utils import atomic_write_json, read_json_file
 
 __all__ = [
     "ExamColorNormalized",
     "ExamStatsLoader",
+    "color_reference",
     "datalist_exam_stats",
     "exam_color_stats",
     "reference_color_stats",
@@ -35,6 +40,7 @@ __all__ = [
 DEFAULT_THRESHOLD = 10.0 / 255.0
 _MODES = ("mean_std", "grey_world")
 _ON_MISSING = ("error", "skip")
+_REFERENCE_FORMAT = "monai-vce colour reference"
 
 Stats = tuple[np.ndarray, np.ndarray]
 
@@ -111,6 +117,64 @@ def reference_color_stats(exam_stats: Mapping[Hashable, Stats] | Iterable[Stats]
     means = np.stack([np.asarray(m, dtype=np.float64) for m, _ in values])
     stds = np.stack([np.asarray(s, dtype=np.float64) for _, s in values])
     return means.mean(axis=0), stds.mean(axis=0)
+
+
+def _reference_from_file(path: Path) -> tuple[Stats, list[str] | None]:
+    obj = read_json_file(path, max_bytes=16 * 1024**2, what="colour reference")
+    if not isinstance(obj, dict) or obj.get("format") != _REFERENCE_FORMAT:
+        raise ValueError(f"{path}: not a colour reference (expected format {_REFERENCE_FORMAT!r})")
+    try:
+        mean, std = (np.asarray(obj[k], dtype=np.float64) for k in ("mean", "std"))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path}: a colour reference needs numeric 'mean' and 'std' lists ({e})") from None
+    finite = all(math.isfinite(v) for v in (*mean.tolist(), *std.tolist()))
+    if mean.ndim != 1 or mean.shape != std.shape or not finite or (std <= 0).any():
+        raise ValueError(f"{path}: 'mean' and 'std' must be finite per-channel lists of one length, std > 0")
+    videos = obj.get("videos")
+    return (mean, std), [str(v) for v in videos] if isinstance(videos, list) else None
+
+
+def color_reference(
+    path: str | os.PathLike,
+    exam_stats: Mapping[Hashable, Stats] | None = None,
+    videos: Iterable[Hashable] | None = None,
+    overwrite: bool = False,
+) -> Stats:
+    """The reference colour statistics of a model's training exams, kept next to the model as a JSON file.
+
+    With ``exam_stats`` (a training's), their :func:`reference_color_stats` is written to ``path`` (atomically)
+    when there is no file yet or with ``overwrite``; an existing file is otherwise read, so that a resumed training
+    and an evaluation keep the reference the model was trained with.
+
+    Args:
+        path: the JSON file (``{"format", "mean", "std", "videos"}``; reading it executes nothing).
+        exam_stats: ``{video_id: (mean, std)}`` of the exams (:func:`datalist_exam_stats`); ``None``: read ``path``.
+        videos: the exams of ``exam_stats`` the reference is computed from (the training split); ``None``: all.
+        overwrite: recompute the reference even when the file exists (a new training).
+
+    Returns:
+        ``(mean, std)``, float64 arrays of shape ``(C,)``.
+
+    Raises:
+        FileNotFoundError: no file to read (the model was trained without exam normalisation).
+        ValueError: a malformed file (naming it), or ``videos`` without statistics.
+    """
+    file = Path(path)
+    if exam_stats is None or (file.is_file() and not overwrite):
+        if not file.is_file():
+            raise FileNotFoundError(
+                f"colour reference {file} not found: exam normalisation needs the reference written by a training "
+                "with configs/exam_norm_train.json"
+            )
+        return _reference_from_file(file)[0]
+    keep = list(exam_stats) if videos is None else list(dict.fromkeys(videos))
+    missing = [v for v in keep if v not in exam_stats]
+    if missing:
+        raise ValueError(f"color_reference: no exam statistics for videos {missing[:5]} ({len(missing)} in all)")
+    mean, std = reference_color_stats([exam_stats[v] for v in keep])
+    obj = {"format": _REFERENCE_FORMAT, "mean": mean.tolist(), "std": std.tolist(), "videos": sorted(map(str, keep))}
+    atomic_write_json(file, obj)
+    return mean, std
 
 
 class ExamStatsLoader:

@@ -12,7 +12,12 @@ import torch
 from monai.data import DistributedWeightedRandomSampler
 from torch.utils.data import Sampler
 
-__all__ = ["label_frequency_weights", "SqrtFrequencySampler", "DistributedSqrtFrequencySampler"]
+__all__ = [
+    "label_frequency_weights",
+    "SqrtFrequencySampler",
+    "DistributedSqrtFrequencySampler",
+    "VideoBatchSampler",
+]
 
 _COMBINE = ("max", "mean")
 
@@ -307,3 +312,65 @@ class DistributedSqrtFrequencySampler(DistributedWeightedRandomSampler):
         weights = torch.as_tensor(self.weights)  # already a tensor; typed as a sequence by MONAI
         draw = torch.multinomial(weights[indices], self.num_samples_per_rank, True, generator=g)
         return iter(indices[draw].tolist())
+
+
+class VideoBatchSampler(Sampler[list[int]]):
+    """Batches of consecutive indices, in datalist order, that never span two videos: each batch is one exam's.
+
+    For per-exam processing of a batch (:class:`~monai_vce.handlers.ExamBatchNormHandler`): a video of ``T`` frames
+    gives ``ceil(T / batch_size)`` batches, the last one possibly smaller. The datalist must list each video's
+    frames together (as inference datalists do); a video id met again after another video's frames starts a new
+    run of batches. The datalist is read on first use (``len`` or iteration), so building the sampler in a bundle
+    config reads no data.
+
+    Args:
+        data: the datalist (dicts with ``video_key``), or a dataset with a ``data`` datalist.
+        batch_size: the most indices in a batch.
+        video_key: the key of the video id in the datalist items.
+
+    Example (bundle JSON)::
+
+        "dataloader": {"_target_": "monai_vce.data.VCEDataLoader", "dataset": "@dataset",
+                       "batch_sampler": {"_target_": "monai_vce.data.VideoBatchSampler", "data": "@dataset",
+                                         "batch_size": "@batch_size"}}
+    """
+
+    def __init__(self, data: Any, batch_size: int, video_key: str = "video_id") -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        self.data = data
+        self.batch_size = batch_size
+        self.video_key = video_key
+
+    def _datalist(self) -> Sequence[Mapping[str, Any]]:
+        data = self.data
+        # a dataset's own datalist: indexing the dataset would load (and transform) the frames
+        if not isinstance(data, (list, tuple)) and hasattr(data, "data"):
+            data = data.data
+        return data  # type: ignore[no-any-return]
+
+    def runs(self) -> list[tuple[Any, int, int]]:
+        """``(video_id, start, stop)`` of each run of consecutive indices of one video, in order."""
+        out: list[tuple[Any, int, int]] = []
+        start, current = 0, None
+        data = self._datalist()
+        for i, item in enumerate(data):
+            try:
+                vid = item[self.video_key]
+            except (KeyError, TypeError):
+                raise ValueError(f"datalist item {i} has no {self.video_key!r}; VideoBatchSampler needs it") from None
+            if i > 0 and vid != current:
+                out.append((current, start, i))
+                start = i
+            current = vid
+        if len(data) > 0:
+            out.append((current, start, len(data)))
+        return out
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for _vid, start, stop in self.runs():
+            for b in range(start, stop, self.batch_size):
+                yield list(range(b, min(b + self.batch_size, stop)))
+
+    def __len__(self) -> int:
+        return sum(-(-(stop - start) // self.batch_size) for _vid, start, stop in self.runs())

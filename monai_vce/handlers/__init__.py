@@ -7,6 +7,7 @@ from __future__ import annotations
 from .checkpoint import AtomicCheckpointSaver, AtomicDiskSaver, BestMetricState, VCECheckpointLoader
 from .decoder_tuning import DecoderTuningHandler
 from .ema import EMAWeights
+from .exam_batchnorm import ExamBatchNormHandler
 from .features import FrameFeatureCapture
 from .frame_metrics import MultiLabelAveragePrecision
 from .probability_writer import ProbabilityWriter
@@ -22,6 +23,7 @@ __all__ = [
     "VCECheckpointLoader",
     "DecoderTuningHandler",
     "EMAWeights",
+    "ExamBatchNormHandler",
     "ProbabilityWriter",
     "FrameFeatureCapture",
     "VideoFrameCollector",

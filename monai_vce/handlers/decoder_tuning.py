@@ -18,6 +18,7 @@ from monai_vce.events.probabilities import Video
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.labels import LABELS
 from monai_vce.postprocessing.decoder import DecoderParams
+from monai_vce.postprocessing.recalibration import ReferenceQuantiles
 from monai_vce.postprocessing.tuning import cross_fitted_events, tune_decoder
 
 from .thresholds import ThresholdOptimizationHandler
@@ -65,6 +66,8 @@ class DecoderTuningHandler:
             challenge parameters) on all videos and write it here, e.g. ``<ckpt_dir>/screening_decoder.json``;
             ``None``: not fitted.
         screening_kwargs: more keyword arguments of the screening fit (``false_alarms_per_exam``, ...).
+        reference_file: also write the validation videos' score distribution (``ReferenceQuantiles`` JSON) here,
+            e.g. ``<ckpt_dir>/reference_quantiles.json``, for per-exam recalibration at inference; ``None``: not.
 
     Attributes:
         params: the last parameters fitted on all videos (``None`` before the first fit).
@@ -88,6 +91,7 @@ class DecoderTuningHandler:
         name: str | None = None,
         screening_file: str | os.PathLike | None = None,
         screening_kwargs: Mapping[str, Any] | None = None,
+        reference_file: str | os.PathLike | None = None,
     ) -> None:
         if write_on not in _WRITE_ON:
             raise ValueError(f"write_on must be one of {_WRITE_ON}, got {write_on!r}")
@@ -104,6 +108,7 @@ class DecoderTuningHandler:
         self.params_file = Path(params_file)
         self.screening_file = None if screening_file in (None, "") else Path(screening_file)  # type: ignore[arg-type]
         self.screening_kwargs = dict(screening_kwargs or {})
+        self.reference_file = None if reference_file in (None, "") else Path(reference_file)  # type: ignore[arg-type]
         self.write_on = write_on
         self.collector = collector
         self.frame_units = collector.frame_units
@@ -199,6 +204,10 @@ class DecoderTuningHandler:
         self.logger.info(
             f"decoder tuned on {len(inputs)} validation videos{score}, parameters saved: {self.params_file}"
         )
+        if self.reference_file is not None:
+            reference = ReferenceQuantiles.from_probabilities(v.probs for v in inputs.values())
+            reference.save(self.reference_file)
+            self.logger.info(f"validation score distribution (per-exam recalibration) saved: {self.reference_file}")
         if self.screening_file is not None:
             screening = tune_decoder(
                 dict(inputs), base=params, profile="screening", frame_units=self.frame_units, **self.screening_kwargs

@@ -76,7 +76,7 @@ class ReferenceQuantiles:
 
     ``values[k, c]`` is the level-``levels[k]`` quantile (numpy's linear rule) of class ``c``'s reference scores;
     ``levels`` run from 0 (the minimum) to 1 (the maximum). Build with :meth:`from_probabilities` from the
-    probabilities the thresholds apply to (calibrated ones when the decoder has a calibration).
+    probabilities in the probability files (:func:`recalibrate_decoder` applies a decoder's calibration to both).
 
     Args:
         levels: (Q,) levels, strictly increasing from 0 to 1.
@@ -353,6 +353,12 @@ def recalibrate_thresholds(
     return (out, reasons) if return_reasons else out
 
 
+def _calibrated(reference: ReferenceQuantiles, calibration: Any) -> ReferenceQuantiles:
+    """The reference of the calibrated scores: the calibration is increasing per class, so it maps quantiles."""
+    values = np.clip(np.asarray(calibration(reference.values), dtype=np.float64), 0.0, 1.0)
+    return ReferenceQuantiles(reference.levels, np.maximum.accumulate(values, axis=0), reference.counts)
+
+
 def recalibrate_decoder(
     params: DecoderParams,
     exam_probs: Any,
@@ -360,30 +366,45 @@ def recalibrate_decoder(
     max_shift: float | None = 2.0,
     min_frames: int = 100,
     min_tail: float = 5.0,
+    presence: bool = True,
 ) -> DecoderParams:
-    """The decoder parameters with their thresholds recalibrated to one exam (:func:`recalibrate_thresholds`).
+    """The decoder parameters recalibrated to one exam (:func:`recalibrate_thresholds`): the thresholds and, with
+    ``presence``, the cut-offs of the presence rules on probabilities (``peak`` and ``quantile``).
 
-    The exam's probabilities go through the parameters' ``calibration`` first, as in the decoder, so the reference
-    must be of calibrated validation probabilities when there is one. Presence rules are left as they are.
+    ``exam_probs`` and ``reference`` are of raw probabilities (as in the probability files); the parameters'
+    ``calibration`` (increasing per class) is applied to both first, as the decoder applies it.
 
     Args:
         params: the decoder's parameters.
-        exam_probs: (T, 17) raw probabilities of one exam (as in its probability file).
-        reference: the reference score distributions (of the probabilities the thresholds apply to).
+        exam_probs: (T, 17) raw probabilities of one exam.
+        reference: the reference score distributions of raw (validation) probabilities.
         max_shift: see :func:`recalibrate_thresholds`.
         min_frames: see :func:`recalibrate_thresholds`.
         min_tail: see :func:`recalibrate_thresholds`.
+        presence: also map the presence cut-offs.
     """
     probs = _check_probs(exam_probs, "exam probabilities")
     calibration = params.calibration
     if calibration is not None:
         probs = np.asarray(calibration(probs), dtype=np.float64)
-    new = recalibrate_thresholds(
-        params.per_label("threshold"), probs, reference, max_shift=max_shift, min_frames=min_frames, min_tail=min_tail
-    )
+        reference = _calibrated(reference, calibration)
+
+    def recalibrated(values: np.ndarray) -> np.ndarray:
+        out = recalibrate_thresholds(values, probs, reference, max_shift, min_frames, min_tail)
+        return np.asarray(out)
+
+    new = recalibrated(params.per_label("threshold"))
     d = params.to_dict()
     for name, value in zip(LABELS, np.asarray(new).tolist(), strict=True):
         d["labels"][name]["threshold"] = float(value)
+    rules = params.presence_rules()
+    mapped = [j for j, r in enumerate(rules) if r.get("feature") in ("peak", "quantile") and 0 <= r["cutoff"] <= 1]
+    if presence and mapped:
+        cutoffs = np.asarray(new, dtype=np.float64).copy()  # placeholders for the labels without such a rule
+        cutoffs[mapped] = [rules[j]["cutoff"] for j in mapped]
+        moved = recalibrated(cutoffs)
+        for j in mapped:
+            d["labels"][LABELS[j]]["presence"]["cutoff"] = float(moved[j])
     return DecoderParams(d, source=params.source)
 
 

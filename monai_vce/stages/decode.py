@@ -17,6 +17,7 @@ from monai_vce.events.probabilities import load_video_probs, probability_file
 from monai_vce.events.units import FrameUnits, as_frame_units
 from monai_vce.events.validation import save_events
 from monai_vce.postprocessing.decoder import DecoderParams, EventDecoder
+from monai_vce.postprocessing.recalibration import ReferenceQuantiles, load_reference_quantiles, recalibrate_decoder
 
 from ._common import main_process, require_files, stage_videos
 
@@ -94,6 +95,7 @@ def decode(
     videos: Iterable[str] | None = None,
     frame_units: FrameUnits | str | None = None,
     log: Callable[[str], Any] | None = None,
+    recalibration: ReferenceQuantiles | PathLike | None = None,
 ) -> Path | None:
     """Decode every ``<probs_dir>/<video_id>.npz`` and write the event JSON with its units sidecar (rank 0 only).
 
@@ -109,6 +111,9 @@ def decode(
         videos: the videos the JSON lists, in order; ``None``: every file of ``probs_dir`` in natural order.
         frame_units: frame ids of the events; ``None``: the fitted decoder parameters' (:func:`events_units`).
         log: receives the summary line (default: this module's logger).
+        recalibration: the reference score distribution of validation (``ReferenceQuantiles`` or its JSON): each
+            exam is decoded with the thresholds and presence cut-offs mapped to its own score distribution
+            (:func:`~monai_vce.postprocessing.recalibrate_decoder`); ``None``: the parameters as fitted.
 
     Returns:
         The JSON path, or ``None`` on other ranks.
@@ -120,6 +125,10 @@ def decode(
     if not main_process():
         return None
     decoder = as_decoder(decoder)
+    if recalibration is not None and not isinstance(decoder, EventDecoder):
+        raise ValueError(f"recalibration needs an EventDecoder (decoder parameters), got {type(decoder).__name__}")
+    if recalibration is not None and not isinstance(recalibration, ReferenceQuantiles):
+        recalibration = load_reference_quantiles(recalibration)
     units = events_units(decoder, frame_units)
     ids = stage_videos(probs_dir, videos)
     require_files(probs_dir, ids)
@@ -130,7 +139,10 @@ def decode(
         frame_ids = video.frame_ids(units)
         # an EventDecoder converts windows given in seconds at the video's row rate
         rate = {"rows_per_second": video.rows_per_second} if isinstance(decoder, EventDecoder) else {}
-        events[vid] = list(decoder(video.probs, frame_ids, video_id=vid, **rate)) if len(video) else []
+        exam_decoder = decoder
+        if recalibration is not None and len(video):
+            exam_decoder = EventDecoder(recalibrate_decoder(decoder.params, video.probs, recalibration))
+        events[vid] = list(exam_decoder(video.probs, frame_ids, video_id=vid, **rate)) if len(video) else []
         if len(video):
             frames[vid] = {"frames": len(video), "first": int(frame_ids[0]), "last": int(frame_ids[-1])}
     params = getattr(decoder, "params", None)
