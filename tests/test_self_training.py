@@ -133,7 +133,7 @@ def test_strong_view_is_seeded_and_in_range():
         ({"learning_rate": -1.0}, "learning_rate must be a finite number > 0"),
         ({"ema_decay": 1.0}, r"ema_decay must be in \[0, 1\)"),
         ({"positive_threshold": 0.2, "negative_threshold": 0.3}, "must not exceed positive_threshold"),
-        ({"positive_threshold": 1.5}, r"positive_threshold must be in \[0, 1\]"),
+        ({"positive_threshold": 1.5}, r"positive_threshold must be a number or one number per class in \[0, 1\]"),
         ({"parameters": "bias"}, "parameters must be one of"),
         ({"anchor_weight": float("nan")}, "anchor_weight must be a finite number"),
         ({"num_workers": -1}, "num_workers must be an integer >= 0"),

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -111,6 +112,19 @@ class _DummyEngine:
         self.state = SimpleNamespace(epoch=0, max_epochs=None)
 
 
+def _thresholds(value: Any, name: str) -> torch.Tensor:
+    """A threshold or per-class thresholds as a float32 tensor, checked to lie in [0, 1]."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number or numbers in [0, 1], got {value!r}")
+    try:
+        t = torch.as_tensor(np.asarray(value, dtype=np.float64), dtype=torch.float32)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number or numbers in [0, 1], got {value!r}") from None
+    if t.ndim > 1 or not torch.isfinite(t).all() or (t < 0).any() or (t > 1).any():
+        raise ValueError(f"{name} must be a number or one number per class in [0, 1], got {value!r}")
+    return t
+
+
 class SelfTraining:
     """Mean-teacher self-training of a frame classifier on unlabelled target frames, a fixed number of steps.
 
@@ -140,8 +154,9 @@ class SelfTraining:
         batch_size: frames per step.
         learning_rate: AdamW's learning rate.
         ema_decay: teacher's EMA decay per step, in ``[0, 1)``.
-        positive_threshold: teacher probabilities strictly above it are pseudo-label 1.
-        negative_threshold: teacher probabilities strictly below it are pseudo-label 0.
+        positive_threshold: teacher probabilities strictly above it are pseudo-label 1: one value, or one per class
+            (e.g. a high quantile of the validation scores, whose scale a focal loss leaves far from 0 and 1).
+        negative_threshold: teacher probabilities strictly below it are pseudo-label 0 (one value or one per class).
         parameters: ``"norm_and_head"`` or ``"all"`` (see :func:`trainable_parameters`).
         anchor_weight: weight of the L2-SP penalty towards the starting weights (0: none).
         jitter: strength of the photometric augmentation of the student's view, in ``[0, 1)``.
@@ -164,10 +179,10 @@ class SelfTraining:
         load_path: str | Path | None = None,
         steps: int = 200,
         batch_size: int = 32,
-        learning_rate: float = 1e-4,
+        learning_rate: float = 1e-3,
         ema_decay: float = 0.99,
-        positive_threshold: float = 0.9,
-        negative_threshold: float = 0.1,
+        positive_threshold: float | Sequence[float] = 0.9,
+        negative_threshold: float | Sequence[float] = 0.1,
         parameters: str = "norm_and_head",
         anchor_weight: float = 0.01,
         jitter: float = 0.3,
@@ -192,15 +207,17 @@ class SelfTraining:
         checks = (
             ("learning_rate", learning_rate, lambda v: 0.0 < v < math.inf, "a finite number > 0"),
             ("ema_decay", ema_decay, lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
-            ("positive_threshold", positive_threshold, lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
-            ("negative_threshold", negative_threshold, lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
             ("anchor_weight", anchor_weight, lambda v: 0.0 <= v < math.inf, "a finite number >= 0"),
             ("jitter", jitter, lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
         )
         for name, number, ok, expected in checks:
             if isinstance(number, bool) or not isinstance(number, (int, float)) or not ok(float(number)):
                 raise ValueError(f"{name} must be {expected}, got {number!r}")
-        if negative_threshold > positive_threshold:
+        pos, neg = (
+            _thresholds(positive_threshold, "positive_threshold"),
+            _thresholds(negative_threshold, "negative_threshold"),
+        )
+        if (neg > pos).any():
             raise ValueError(
                 f"negative_threshold ({negative_threshold}) must not exceed positive_threshold ({positive_threshold})"
             )
@@ -215,7 +232,7 @@ class SelfTraining:
             raise ValueError(f"output_file {self.output_file} is the checkpoint it adapts: give another file")
         self.steps, self.batch_size, self.seed, self.num_workers = steps, batch_size, seed, num_workers
         self.learning_rate, self.ema_decay = float(learning_rate), float(ema_decay)
-        self.positive_threshold, self.negative_threshold = float(positive_threshold), float(negative_threshold)
+        self.positive_threshold, self.negative_threshold = pos, neg
         self.parameters, self.anchor_weight, self.jitter = parameters, float(anchor_weight), float(jitter)
         self.device = None if device is None else torch.device(device)
         self.amp = bool(amp)
@@ -317,7 +334,8 @@ class SelfTraining:
             strong = strong_view(weak, generator, self.jitter)
             with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
                 probs = torch.sigmoid(teacher(weak).float())
-            positive, negative = probs > self.positive_threshold, probs < self.negative_threshold
+            positive = probs > self.positive_threshold.to(probs.device)
+            negative = probs < self.negative_threshold.to(probs.device)
             mask = positive | negative
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
                 logits = net(strong).float()
