@@ -13,7 +13,7 @@ from bundle_helpers import CONFIGS, DEMO, EVALUATE, TRAIN, config_list, inferenc
 from bundle_helpers import trained_bundle as _trained_bundle
 from scipy.special import expit, logit
 
-from monai_vce.data import color_reference
+from monai_vce.data import color_reference, generate_mini_galar
 from monai_vce.labels import LABELS, NUM_LABELS
 from monai_vce.postprocessing import DecoderParams, EventDecoder, ReferenceQuantiles, recalibrate_decoder
 
@@ -185,6 +185,12 @@ def test_exam_normalisation_trains_and_infers_invariant_to_the_colour_response(m
     normalised = max(np.abs(probs["original", 3][v] - probs["recoloured", 3][v]).max() for v in probs["original", 3])
     plain = max(np.abs(probs["original", 2][v] - probs["recoloured", 2][v]).max() for v in probs["original", 2])
     assert normalised < plain  # normalisation undoes most of the colour change
+    # exams given as video files are normalised with statistics of their decoded frames
+    videos = tmp_path / "videos"
+    generate_mini_galar(videos, videos=2, frames_per_video=40, size=32, seed=5, video_format="mp4", progress=False)
+    o = tmp_path / "video_files"
+    run_in_process(inference_args(out / "models", videos / "frames", o, "--report", "False", configs=configs))
+    assert len(_probs(o / "probs")) == 2
     # an evaluation reads the model's reference and never rewrites it
     before = (out / "models" / "color_reference.json").read_bytes()
     eval_args = ["run", "evaluating", "--config_file", config_list(TRAIN, EVALUATE, DEMO, EXAM_NORM_EVALUATE)]
