@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
 import warnings
 from collections.abc import Sequence
@@ -51,6 +52,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 BUNDLE = REPO / "bundle"
 CONFIGS = BUNDLE / "configs"
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recipe import frame_mean_ap  # noqa: E402  (the benchmarks folder's shared frame-level score)
 
 #: model -> the training option files (and overrides) it is trained with.
 MODELS: dict[str, tuple[list[str], dict[str, Any]]] = {
@@ -96,20 +100,6 @@ def _workflow(files: Sequence[str], workflow_type: str, override: dict[str, Any]
     )
     wf.initialize()
     return wf
-
-
-def _frame_map(gt_datalist: Sequence[dict], probs_dir: Path) -> float:
-    from monai_vce.handlers.frame_metrics import multilabel_average_precision
-
-    rows: dict[str, dict[int, Any]] = {}
-    for d in gt_datalist:
-        rows.setdefault(str(d["video_id"]), {})[int(d["frame_index"])] = d["label"]
-    probs, targets = [], []
-    for vid, labels in rows.items():
-        with np.load(probs_dir / f"{vid}.npz") as f:
-            probs.append(f["probs"])
-            targets.append(np.asarray([labels[int(i)] for i in f["frame_index"]], dtype=np.float32))
-    return float(np.nanmean(multilabel_average_precision(np.concatenate(probs), np.concatenate(targets))))
 
 
 class Fold:
@@ -221,7 +211,7 @@ def _evaluate(fold: Fold, arm: str, seed: int, test: str, args: argparse.Namespa
         "test": test,
         "mAP@0.5": float(score["mAP@0.5"]),
         "mAP@0.95": float(score["mAP@0.95"]),
-        "frame_mAP": _frame_map(galar_datalist(folder, videos=videos), probs_dir),
+        "frame_mAP": frame_mean_ap(galar_datalist(folder, videos=videos), probs_dir),
         "sensitivity@1FA": froc["overall"]["overlap"]["sensitivity"]["1"],
         "seconds_per_exam": seconds / max(1, len(gt["videos"])),
     }
