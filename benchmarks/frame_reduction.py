@@ -14,8 +14,12 @@ and the refinement rounds (``predict`` calls per video). Methods: full inference
 inference with logit interpolation for ``--strides``, and coarse-to-fine refinement for each ``--refine``
 setting. Tuned decoders are cached in ``--work-dir`` (keyed by noise, folds, seed and rounds).
 
-``--noise NAME=JSON`` adds a noise variant: a level of :data:`~monai_vce.postprocessing.NOISE_LEVELS` with keys
-overridden, e.g. ``'correlated={"base": "low", "rho": 0.98, "flicker_length": 8}'`` (frame noise correlated
+The table also gives the lesion sensitivity at 2 false alarms per exam (:func:`monai_vce.metrics.lesion_froc`,
+pathology pooled, found by overlap) and the blind spot: the share of the short pathology lesions (1-3 frames) of
+which the method never passed a frame to ``predict``.
+
+``--levels`` takes levels and the families of :data:`~monai_vce.postprocessing.NOISE_FAMILIES`. ``--noise
+NAME=JSON`` adds a noise variant: a level or family with keys overridden, e.g. ``'correlated={"base": "low", "rho": 0.98, "flicker_length": 8}'`` (frame noise correlated
 over longer stretches, flicker in runs, as when a capsule lingers).
 
 ``pipeline``. The bundle's inference as users run it (``inference.json`` + ``demo.json`` through
@@ -30,6 +34,7 @@ Usage (from the repository root)::
 
     python benchmarks/frame_reduction.py simulated --work-dir /tmp/frame_reduction
     python benchmarks/frame_reduction.py simulated --quick          # 16 videos, one level, for a fast check
+    python benchmarks/frame_reduction.py simulated --levels ramp white correlated red blind bursts miscalibrated --seed 11
     python benchmarks/frame_reduction.py pipeline --work-dir /tmp/frame_reduction_pipeline
 """
 
@@ -64,14 +69,14 @@ def _load(path: str | os.PathLike) -> dict[str, Any]:
 
 def noise_variants(levels: Sequence[str], extra: Sequence[str]) -> dict[str, dict[str, float] | str]:
     """``{name: level}``: the named levels, then ``NAME=JSON`` variants (``"base"`` names the level they modify)."""
-    from monai_vce.postprocessing import NOISE_LEVELS
+    from monai_vce.postprocessing import noise_settings
 
     out: dict[str, dict[str, float] | str] = {name: name for name in levels}
     for spec in extra:
         name, _, text = spec.partition("=")
         cfg = json.loads(text)
         base = cfg.pop("base", "medium")
-        out[name] = {**NOISE_LEVELS[base], **cfg}
+        out[name] = {**noise_settings(base), **cfg}
     return out
 
 
@@ -108,13 +113,26 @@ def tuned_decoders(sim: Sequence, folds: np.ndarray, level: dict | str, seed: in
     return out
 
 
+def short_lesions(events: Sequence[dict], longest: int = 3) -> list[tuple[int, int]]:
+    """``(start, end)`` frames of the pathology lesions (maximal label runs) of at most ``longest`` frames."""
+    from monai_vce.labels import PATHOLOGY
+    from monai_vce.metrics import label_runs
+
+    out = []
+    for name in PATHOLOGY:
+        runs, _ = label_runs(events, name)
+        out += [(int(a), int(b)) for a, b in runs if b - a + 1 <= longest]
+    return out
+
+
 def run_method(sim: Sequence, videos: Sequence[dict], decoders: list, folds: np.ndarray, kwargs: dict) -> dict:
-    """Reduced inference of every video with a lookup as the network; events, frames inferred, calls, time."""
+    """Reduced inference of every video with a lookup as the network; events, frames inferred, calls, time, and
+    the short lesions of which no frame was inferred."""
     from monai_vce.inference import adaptive_inference
     from monai_vce.postprocessing import EventDecoder
 
     decs = [EventDecoder(p) for p in decoders]
-    pred, inferred, frames, calls = [], 0, 0, []
+    pred, inferred, frames, calls, short, unseen = [], 0, 0, [], 0, 0
     t = time.perf_counter()
     for j, video in enumerate(sim):
         probs, ids = video.probs, video.frame_index
@@ -129,12 +147,17 @@ def run_method(sim: Sequence, videos: Sequence[dict], decoders: list, folds: np.
         pred.append({"video_id": videos[j]["video_id"], "events": dec(filled, ids)})
         inferred += int(mask.sum())
         frames += len(probs)
+        for a, b in short_lesions(videos[j]["events"]):  # frame ids are row indices here
+            short += 1
+            unseen += not mask[a : b + 1].any()
         calls.append(n[0])
     return {
         "pred": {"videos": pred},
         "fraction": inferred / frames,
         "calls": float(np.mean(calls)),
         "max_calls": int(np.max(calls)),
+        "short_lesions": short,
+        "unseen_short": unseen,
         "seconds": time.perf_counter() - t,
     }
 
@@ -149,7 +172,7 @@ def method_name(kwargs: dict) -> str:
 
 
 def cmd_simulated(args: argparse.Namespace) -> None:
-    from monai_vce.metrics import temporal_map
+    from monai_vce.metrics import lesion_froc, temporal_map
     from monai_vce.postprocessing import video_folds
 
     videos = _load(args.gt)["videos"]
@@ -177,6 +200,8 @@ def cmd_simulated(args: argparse.Namespace) -> None:
             res = run_method(sim, videos, decoders, folds, kwargs)
             score = temporal_map(gt, res["pred"], validate=False)
             m5, m95 = score["mAP@0.5"], score["mAP@0.95"]
+            froc = lesion_froc(gt, res["pred"], false_alarm_rates=(2.0,), validate=False)["overall"]["overlap"]
+            res["sensitivity"] = froc["sensitivity"]["2"] or 0.0
             if base is None:
                 base = (m5, m95)
             rows.append((name, method_name(kwargs), res, m5, m95, m5 - base[0], m95 - base[1]))
@@ -189,12 +214,16 @@ def cmd_simulated(args: argparse.Namespace) -> None:
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}")
     print()
-    print("| noise | method | frames inferred | mAP@0.5 | change | mAP@0.95 | change | predict calls per video (max) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| noise | method | frames inferred | mAP@0.5 | change | mAP@0.95 | change | lesions @2 FA | "
+        "short lesions never inferred | predict calls per video (max) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, method, res, m5, m95, d5, d95 in rows:
+        blind = f"{res['unseen_short']} / {res['short_lesions']}"
         print(
             f"| {name} | {method} | {100 * res['fraction']:.1f}% | {m5:.4f} | {d5:+.4f} | {m95:.4f} | {d95:+.4f} | "
-            f"{res['calls']:.1f} ({res['max_calls']}) |"
+            f"{res['sensitivity']:.3f} | {blind} | {res['calls']:.1f} ({res['max_calls']}) |"
         )
 
 
@@ -350,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command")
     s = sub.add_parser("simulated", help="simulated probabilities of the 80 Galar timelines (default)")
     s.add_argument("--gt", default=GALAR, required=GALAR is None, help="ground-truth event JSON (index units)")
-    s.add_argument("--levels", nargs="*", default=["low", "medium", "high"], help="noise levels")
+    s.add_argument("--levels", nargs="*", default=["low", "medium", "high"], help="noise levels or families")
     s.add_argument("--noise", nargs="*", default=[], help="extra noise variants NAME=JSON (see the docstring)")
     s.add_argument("--folds", type=int, default=4)
     s.add_argument("--rounds", type=int, default=2, help="tuning rounds of the decoder")

@@ -1,7 +1,8 @@
 """Temporal refiner benchmark on the real Galar timelines with simulated frame probabilities.
 
 For each noise level (:data:`monai_vce.postprocessing.NOISE_LEVELS`, plus ``shifted``, a noise model defined
-here that the refiner's settings were never chosen on), frame probabilities are simulated from the ground truth
+here that the refiner's settings were never chosen on, and the families of
+:data:`~monai_vce.postprocessing.NOISE_FAMILIES`, structurally unlike the step-at-the-boundary levels), frame probabilities are simulated from the ground truth
 of the 80 Galar videos, the videos are split into 40 fitting and 40 held-out videos (a seeded shuffle; ``--seed``
 changes the split and the simulation draw), and two pipelines are scored on the held-out videos with
 :func:`monai_vce.metrics.temporal_map`, side by side:
@@ -42,6 +43,7 @@ Usage (from the repository root)::
     python benchmarks/temporal.py --levels medium --refit   # also a refiner refitted on all 40 videos
     python benchmarks/temporal.py --levels medium --quick   # 16 videos, 2 folds, short fits: a smoke test
     python benchmarks/temporal.py --levels medium --variants --cache fits/   # decoding variants; fits kept
+    python benchmarks/temporal.py --levels ramp white correlated red blind bursts miscalibrated --seed 11
     python benchmarks/temporal.py --ceiling
     python benchmarks/temporal.py --fit-all
     python benchmarks/temporal.py --speed
@@ -64,12 +66,14 @@ from monai_vce.data.synthetic import find_galar_events
 from monai_vce.events import Video, with_ground_truth
 from monai_vce.inference.interpolation import logit, sigmoid
 from monai_vce.labels import LABELS, SECTIONS
-from monai_vce.metrics import temporal_map
+from monai_vce.metrics import lesion_froc, temporal_map
 from monai_vce.postprocessing import (
+    NOISE_FAMILIES,
     NOISE_LEVELS,
     EventDecoder,
     decode_videos,
     events_to_frames,
+    noise_settings,
     simulate_probabilities,
     tune_decoder,
 )
@@ -96,7 +100,11 @@ SHIFTED: dict[str, float] = {
     "fp_rate": 4.0,
     "fp_length": 20.0,
 }
-LEVELS: dict[str, Any] = {**NOISE_LEVELS, "shifted": SHIFTED}
+LEVELS: dict[str, Any] = {
+    **{name: noise_settings(name) for name in NOISE_LEVELS},
+    "shifted": SHIFTED,
+    **{name: noise_settings(name) for name in NOISE_FAMILIES},
+}
 
 
 def _simulate(videos: list[dict], level: str, seed: int) -> dict[str, Video]:
@@ -110,9 +118,11 @@ def _simulate(videos: list[dict], level: str, seed: int) -> dict[str, Video]:
     return sim
 
 
-def _score(gt: dict, decoded: dict) -> tuple[float, float]:
+def _score(gt: dict, decoded: dict) -> tuple[float, float, float]:
+    """mAP@0.5, mAP@0.95 and the lesion sensitivity at 2 false alarms per exam (pathology, overlap)."""
     res = temporal_map(gt, decoded)
-    return res["mAP@0.5"], res["mAP@0.95"]
+    froc = lesion_froc(gt, decoded, false_alarm_rates=(2.0,), validate=False)["overall"]["overlap"]
+    return res["mAP@0.5"], res["mAP@0.95"], froc["sensitivity"]["2"] or 0.0
 
 
 def _per_label(gt: dict, decoded: dict) -> dict[str, float]:
@@ -137,9 +147,10 @@ def _tune_and_score(
     frame_ids: dict[str, np.ndarray],
     gt_test: dict,
     rounds: int,
-) -> tuple[tuple[float, float], dict[str, float], float]:
+) -> tuple[tuple[float, float, float], dict[str, float], float]:
     """Tune the decoder of pipeline ``name`` (into ``tuned``; pipelines with the same tuning inputs share one) and
-    score it on the held-out videos: ``(mAP@0.5, mAP@0.95)``, AP@0.5 per label, tuning seconds."""
+    score it on the held-out videos: ``(mAP@0.5, mAP@0.95, lesion sensitivity)``, AP@0.5 per label, tuning
+    seconds."""
     t0 = time.perf_counter()
     same = next((n for n in tuned if inputs[n] is inputs[name]), None)
     tuned[name] = tuned[same] if same else tune_decoder(inputs[name], rounds=rounds)
@@ -296,14 +307,14 @@ def run_levels(args: argparse.Namespace, fit_kwargs: dict[str, Any]) -> None:
         fits = f"{args.folds} folds" + (" + refit" if args.refit else "")
         print(f"[{level}] refiner fits ({fits}): {t_fit:.0f} s; selected: {chosen}", flush=True)
     print()
-    print("| noise | pipeline | mAP@0.5 | gain | mAP@0.95 | gain | tuning objective | note |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| noise | pipeline | mAP@0.5 | gain | mAP@0.95 | gain | lesions @2 FA | tuning objective | note |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for level, name, score, base, objective, _, t_fit in rows:
         note = f"refiner fits {t_fit:.0f} s" if name == "refiner" else ""
         obj = "" if objective is None else f"{objective:.4f}"
         print(
             f"| {level} | {name} | {score[0]:.4f} | {score[0] - base[0]:+.4f} | {score[1]:.4f} | "
-            f"{score[1] - base[1]:+.4f} | {obj} | {note} |"
+            f"{score[1] - base[1]:+.4f} | {score[2]:.3f} | {obj} | {note} |"
         )
 
 
@@ -333,7 +344,7 @@ def run_ceiling(args: argparse.Namespace) -> None:
             mask = np.zeros_like(truth)
             mask[:, keep] = truth[:, keep]
             pred.append({"video_id": v["video_id"], "events": frames_to_events(mask, ids)})
-        m5, m95 = _score(gt, {"videos": pred})
+        m5, m95, _ = _score(gt, {"videos": pred})
         print(f"| {name} | {m5:.4f} | {m95:.4f} |")
 
 

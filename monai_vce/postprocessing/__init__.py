@@ -61,7 +61,7 @@ from .recalibration import (
     recalibrate_thresholds,
 )
 from .screening import SCREENING_THRESHOLDS, load_screening_decoder, screening_operating_point, tune_screening
-from .simulate import NOISE_LEVELS, simulate_probabilities
+from .simulate import NOISE_FAMILIES, NOISE_LEVELS, noise_settings, simulate_probabilities
 from .steps import MAX_FRAMES, ChainStep, Param
 from .thresholds import f1_at_thresholds, grid_thresholds, load_thresholds, optimize_thresholds, save_thresholds
 from .tuning import DEFAULT_GRIDS, tune_decoder
@@ -129,6 +129,7 @@ __all__ = [
     "f1_at_thresholds",
     "save_thresholds",
     "load_thresholds",
+    "NOISE_FAMILIES",
     "NOISE_LEVELS",
     "DEFAULT_LEVELS",
     "ReferenceQuantiles",
@@ -136,5 +137,6 @@ __all__ = [
     "recalibrate_thresholds",
     "recalibrate_decoder",
     "quantile_match",
+    "noise_settings",
     "simulate_probabilities",
 ]
