@@ -28,7 +28,8 @@ over longer stretches, flicker in runs, as when a capsule lingers).
 into ``--work-dir``, or ``--ckpt-dir`` of a trained run) on generated mini-Galar test videos of the demo's
 distribution (another seed): wall time of the inference run (model loading, PNG decoding in the loader, network,
 per-video files, events), frames inferred and temporal mAP against the test videos' ground truth, of full
-inference, strided inference, coarse-to-fine refinement and near-duplicate skipping, side by side in one run.
+inference, strided inference, coarse-to-fine refinement (also with the novelty guard) and near-duplicate skipping,
+side by side in one run, and the blind spot as above, from the ``inferred`` mask of the probability files.
 
 Usage (from the repository root)::
 
@@ -229,6 +230,10 @@ def cmd_simulated(args: argparse.Namespace) -> None:
 
 BUNDLE = Path(__file__).resolve().parents[1] / "bundle"
 
+#: Novelty guard tolerances of the pipeline table (mean grey levels, 0-255, of the 16 x 16 signatures; the
+#: generated frames differ from the interpolation of their stride-8 neighbours by about 15 at the median).
+NOVELTY_TOLERANCES = (16.0, 24.0)
+
 #: Inference settings of the pipeline table: ``(name, reduction keys of inference.json)``.
 PIPELINE_METHODS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("full", {}),
@@ -240,6 +245,7 @@ PIPELINE_METHODS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("coarse-to-fine k=8", {"stride": 8}),
     ("coarse-to-fine k=16", {"stride": 16}),
     ("coarse-to-fine k=8, margin 0.1", {"stride": 8, "margin": 0.1}),
+    *((f"coarse-to-fine k=8, novelty guard {t:g}", {"stride": 8, "novelty_tolerance": t}) for t in NOVELTY_TOLERANCES),
 )
 
 
@@ -277,16 +283,23 @@ def trained_model(work_dir: Path) -> Path:
     return models
 
 
-def inferred_frames(probs_dir: Path) -> tuple[int, int]:
-    """``(frames inferred, frames)`` over the probability files of a run (no ``inferred`` mask: every frame)."""
+def inferred_frames(probs_dir: Path, gt: dict | None = None) -> tuple[int, int, int, int]:
+    """``(frames inferred, frames, short lesions never inferred, short lesions)`` over the probability files of a
+    run (no ``inferred`` mask: every frame); the short pathology lesions (:func:`short_lesions`) are those of
+    ``gt`` (events in ``frame_index`` units, matched to the files' rows by their ``frame_index``)."""
     from monai_vce.events.probabilities import load_video_probs, probability_files
 
-    inferred = frames = 0
-    for path in probability_files(probs_dir).values():
+    events = {v["video_id"]: v["events"] for v in (gt or {}).get("videos", [])}
+    inferred = frames = unseen = short = 0
+    for vid, path in probability_files(probs_dir).items():
         video = load_video_probs(path)
         frames += len(video)
-        inferred += len(video) if video.inferred is None else int(video.inferred.sum())
-    return inferred, frames
+        mask = np.ones(len(video), bool) if video.inferred is None else np.asarray(video.inferred, bool)
+        inferred += int(mask.sum())
+        for a, b in short_lesions(events.get(vid, [])):
+            short += 1
+            unseen += not mask[(video.frame_index >= a) & (video.frame_index <= b)].any()
+    return inferred, frames, unseen, short
 
 
 def cmd_pipeline(args: argparse.Namespace) -> None:
@@ -310,6 +323,11 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
     methods = list(PIPELINE_METHODS) + [
         (f"near-duplicate tolerance {t:g}", {"duplicate_tolerance": t}) for t in args.duplicate_tolerances
     ]
+    methods += [
+        (f"coarse-to-fine k=8, novelty guard {t:g}", {"stride": 8, "novelty_tolerance": t})
+        for t in args.novelty_tolerances
+        if t not in NOVELTY_TOLERANCES  # in PIPELINE_METHODS already
+    ]
     load = os.getloadavg()
     print(
         f"bundle inference (inference.json + demo.json) of the tiny model trained with the demo settings ({models}) "
@@ -322,7 +340,10 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
     def infer(name: str, reduction: dict[str, Any]) -> tuple[float, Path]:
         out = work_dir / "runs" / Path(data).name / name.replace(" ", "_").replace("=", "").replace(",", "")
         shutil.rmtree(out, ignore_errors=True)  # the files of this run only
-        keys = {"stride": 1, "refine": True, "budget": None, "margin": 0.3, "duplicate_tolerance": 0.0}
+        keys = {
+            "stride": 1, "refine": True, "budget": None, "margin": 0.3, "duplicate_tolerance": 0.0,
+            "novelty_tolerance": 0.0,
+        }  # fmt: skip
         wf = bundle_workflow(
             ["inference.json"],
             "infer",
@@ -353,8 +374,8 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
             wall, out = infer(name, reduction)
             walls.append(wall)
         score = temporal_map(gt, _load(out / "events.json"))
-        inferred, frames = inferred_frames(out / "probs")
-        rows.append((name, min(walls), inferred, frames, score["mAP@0.5"], score["mAP@0.95"]))
+        inferred, frames, unseen, short = inferred_frames(out / "probs", gt)
+        rows.append((name, min(walls), inferred, frames, score["mAP@0.5"], score["mAP@0.95"], unseen, short))
         print(
             f"[{name}] {inferred}/{frames} frames, {min(walls):.2f} s, mAP {score['mAP@0.5']:.4f} / "
             f"{score['mAP@0.95']:.4f}",
@@ -364,13 +385,16 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}")
     print()
-    print("| inference | frames inferred | wall s | frames of the videos/s | mAP@0.5 | change | mAP@0.95 | change |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| inference | frames inferred | wall s | frames of the videos/s | mAP@0.5 | change | mAP@0.95 | change | "
+        "short lesions never inferred |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     base5, base95 = rows[0][4], rows[0][5]
-    for name, wall, inferred, frames, m5, m95 in rows:
+    for name, wall, inferred, frames, m5, m95, unseen, short in rows:
         print(
             f"| {name} | {inferred}/{frames} ({100 * inferred / frames:.1f}%) | {wall:.2f} | {frames / wall:.0f} | "
-            f"{m5:.4f} | {m5 - base5:+.4f} | {m95:.4f} | {m95 - base95:+.4f} |"
+            f"{m5:.4f} | {m5 - base5:+.4f} | {m95:.4f} | {m95 - base95:+.4f} | {unseen} / {short} |"
         )
 
 
@@ -393,6 +417,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--frames", type=int, default=300)
     p.add_argument("--seed", type=int, default=1, help="seed of the generated test videos (the demo trains on seed 0)")
     p.add_argument("--duplicate-tolerances", type=float, nargs="*", default=[4.0, 8.0, 12.0, 16.0])
+    p.add_argument("--novelty-tolerances", type=float, nargs="*", default=[], help="more novelty guard rows")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)

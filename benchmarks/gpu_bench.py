@@ -180,7 +180,15 @@ def bundle_inference(
     from monai_vce.events.probabilities import load_video_probs, probability_files
     from monai_vce.stages import decode
 
-    keys = {"stride": 1, "refine": True, "budget": None, "margin": 0.3, "duplicate_tolerance": 0.0, "options": {}}
+    keys = {
+        "stride": 1,
+        "refine": True,
+        "budget": None,
+        "margin": 0.3,
+        "duplicate_tolerance": 0.0,
+        "novelty_tolerance": 0.0,
+    }
+    keys["options"] = {}
     with tempfile.TemporaryDirectory() as out:
         wf = ConfigWorkflow(
             config_file=str(BUNDLE / "configs" / "inference.json"),

@@ -18,7 +18,7 @@ from monai_vce.data.frames import check_image_size
 from monai_vce.data.splits import video_ids
 from monai_vce.data.synthetic import ensure_mini_galar
 from monai_vce.events.probabilities import completed_videos, model_fingerprint, pending_frames
-from monai_vce.inference.driver import check_reduction
+from monai_vce.inference.driver import REDUCTION_KEYS, check_reduction
 from monai_vce.networks.backbone import check_backbone
 from monai_vce.postprocessing.decoder import load_decoder as decoder_params
 from monai_vce.postprocessing.screening import load_screening_decoder as screening_decoder
@@ -154,7 +154,7 @@ def check_settings(**settings: Any) -> bool:
         if name == "reduction":
             if not isinstance(value, Mapping):
                 raise ValueError(f"setting 'reduction' must be a mapping, got {type(value).__name__}")
-            unknown = sorted(set(value) - {"stride", "budget", "refine", "margin", "duplicate_tolerance", "options"})
+            unknown = sorted(set(value) - set(REDUCTION_KEYS))
             if unknown:
                 raise ValueError(f"setting 'reduction' has an unknown key {unknown[0]!r}")
             check_reduction(**value)

@@ -122,6 +122,56 @@ class _Runner:
         return (~self.inferred[src]).astype(np.int64)
 
 
+def _most_novel(
+    sig: np.ndarray, known: np.ndarray, active: np.ndarray, tolerance: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per gap between known frames holding an ``active`` frame whose novelty (mean absolute difference of its
+    signature from the linear interpolation of its brackets' signatures) exceeds ``tolerance``: the most novel
+    frame (the first of ties). Returns ``(rows, novelty)``, sorted by row."""
+    left, right = knot_brackets(known)
+    rows = np.flatnonzero(active & (left < right))
+    if rows.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+    lo, hi = left[rows], right[rows]
+    w = ((rows - lo) / (hi - lo)).astype(np.float32)[:, None]
+    interp = (1.0 - w) * sig[lo] + w * sig[hi]
+    novelty = np.abs(sig[rows] - interp).mean(axis=1)
+    keep = novelty > tolerance
+    rows, lo, novelty = rows[keep], lo[keep], novelty[keep]
+    order = np.lexsort((rows, -novelty, lo))  # by gap, most novel first, then by position
+    _, first = np.unique(lo[order], return_index=True)
+    pick = order[first]
+    return rows[pick], novelty[pick]
+
+
+def _novelty_rounds(run: _Runner, sig: np.ndarray, tolerance: float, limit: int) -> None:
+    """The novelty guard of :func:`adaptive_inference`: one most novel frame per qualifying gap and round."""
+    active = ~run.known  # frames whose gap changed since their novelty was last found below the tolerance
+    while active.any():
+        spent = int(run.inferred.sum())
+        if spent >= limit:
+            break
+        picks, novelty = _most_novel(sig, run.known, active, tolerance)
+        if picks.size == 0:
+            break
+        cost = run.cost(picks)
+        untaken = picks[:0]
+        if int(cost.sum()) > limit - spent:
+            order = np.lexsort((picks, -novelty))  # most novel first, then by position
+            fits = np.cumsum(cost[order]) <= limit - spent
+            picks, untaken = picks[order][fits], picks[order][~fits]
+            if picks.size == 0:
+                break
+        run.take(picks)
+        # only the gaps split by a new frame (or left out for the budget) can hold a frame above the tolerance
+        left, right = knot_brackets(run.known)
+        new = np.zeros(run.T, dtype=bool)
+        new[picks] = True
+        stay = np.zeros(run.T, dtype=bool)
+        stay[left[untaken]] = True
+        active = ~run.known & (new[left] | new[right] | stay[left])
+
+
 def adaptive_inference(
     predict: Predict,
     num_frames: int,
@@ -138,6 +188,7 @@ def adaptive_inference(
     signatures: np.ndarray | None = None,
     duplicate_tolerance: float = 0.0,
     max_reuse: int = 64,
+    novelty_tolerance: float = 0.0,
     probs_transform: Callable[[np.ndarray], np.ndarray] | None = None,
     interpolation: str = "logit",
     callback: Callable[[int, int], Any] | None = None,
@@ -170,6 +221,12 @@ def adaptive_inference(
         duplicate_tolerance: a frame within this signature distance (mean absolute grey-level difference) of
             the last inferred frame before it reuses that frame's probabilities; ``0`` turns skipping off.
         max_reuse: most consecutive frames that reuse one inferred frame.
+        novelty_tolerance: novelty guard (needs ``signatures``; ``0`` turns it off): after the strided pass, in
+            every gap between inferred frames where some frame's novelty (mean absolute difference of its
+            signature from the linear interpolation, by position, of the two bracketing inferred frames'
+            signatures) exceeds this, the most novel frame is inferred; repeated, one frame per gap per round,
+            until no gap qualifies or the budget is spent, before (and whether or not) ``refine`` runs. The rounds
+            do not count against ``max_rounds``.
         probs_transform: applied to the filled-in probabilities before the refinement decodes them (e.g. a
             temporal refiner); the returned probabilities are not transformed.
         interpolation: ``"logit"`` (default), ``"linear"`` or ``"nearest"``
@@ -200,9 +257,16 @@ def adaptive_inference(
         or not 0 <= duplicate_tolerance < math.inf  # also refuses NaN
     ):
         raise ValueError(f"{where}duplicate_tolerance must be a finite number >= 0, got {duplicate_tolerance!r}")
+    if (
+        isinstance(novelty_tolerance, bool)
+        or not isinstance(novelty_tolerance, numbers.Real)
+        or not 0 <= novelty_tolerance < math.inf  # also refuses NaN
+    ):
+        raise ValueError(f"{where}novelty_tolerance must be a finite number >= 0, got {novelty_tolerance!r}")
     if not isinstance(refine, (bool, np.bool_)):
         raise ValueError(f"{where}refine must be True or False, got {refine!r}")
     anchors = None
+    sig = None
     if signatures is not None:
         sig = np.asarray(signatures)
         if sig.ndim != 2 or sig.shape[0] != T:
@@ -211,6 +275,8 @@ def adaptive_inference(
             anchors = duplicate_anchors(sig, duplicate_tolerance, max_reuse)
     elif duplicate_tolerance > 0:
         raise ValueError(f"{where}duplicate_tolerance > 0 needs the frames' signatures (signatures=...)")
+    elif novelty_tolerance > 0:
+        raise ValueError(f"{where}novelty_tolerance > 0 needs the frames' signatures (signatures=...)")
     target = DecoderTarget(
         decoder,
         margin=margin,
@@ -233,6 +299,8 @@ def adaptive_inference(
         return probs, np.ones(T, dtype=bool)
 
     run.take(strided_rows(T, stride, limit))
+    if novelty_tolerance > 0 and sig is not None:
+        _novelty_rounds(run, sig.astype(np.float32), float(novelty_tolerance), limit)
     rounds = 0
     while refine and not run.known.all() and (max_rounds is None or rounds < max_rounds):
         spent = int(run.inferred.sum())

@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 
 #: the keys of the bundle's ``reduction`` (the keyword arguments of :func:`reduction_tag`)
-REDUCTION_KEYS = ("stride", "budget", "refine", "margin", "duplicate_tolerance", "options")
+REDUCTION_KEYS = ("stride", "budget", "refine", "margin", "duplicate_tolerance", "novelty_tolerance", "options")
 
 # the further keyword arguments of adaptive_inference that ``reduction#options`` may set: (kind, range or choices)
 _OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -83,6 +83,7 @@ def check_reduction(
     margin: Any = 0.3,
     duplicate_tolerance: Any = 0.0,
     options: Any = None,
+    novelty_tolerance: Any = 0.0,
 ) -> dict[str, Any]:
     """Validate the reduction settings (the bundle's ``reduction``) before any frame is inferred.
 
@@ -115,18 +116,21 @@ def check_reduction(
         "margin": check_setting("reduction#margin", margin, "number", minimum=0),
         "duplicate_tolerance": check_setting("reduction#duplicate_tolerance", duplicate_tolerance, "number", minimum=0),
         "options": opts,
+        "novelty_tolerance": check_setting("reduction#novelty_tolerance", novelty_tolerance, "number", minimum=0),
     }
 
 
-def is_reduced(stride: int, budget: int | float | None = None, duplicate_tolerance: float = 0.0) -> bool:
+def is_reduced(
+    stride: int, budget: int | float | None = None, duplicate_tolerance: float = 0.0, novelty_tolerance: float = 0.0
+) -> bool:
     """Whether these settings infer fewer frames than full inference (stride above 1, a budget, or
-    near-duplicate skipping); refinement settings alone change nothing.
+    near-duplicate skipping); refinement settings and the novelty guard alone change nothing.
 
     Raises:
         ValueError: a setting of the wrong type or out of range (:func:`check_reduction`), so that a bad value
             never falls back to full inference.
     """
-    s = check_reduction(stride, budget, duplicate_tolerance=duplicate_tolerance)
+    s = check_reduction(stride, budget, duplicate_tolerance=duplicate_tolerance, novelty_tolerance=novelty_tolerance)
     return s["stride"] != 1 or s["budget"] is not None or s["duplicate_tolerance"] > 0
 
 
@@ -137,21 +141,24 @@ def reduction_tag(
     margin: float = 0.3,
     duplicate_tolerance: float = 0.0,
     options: Mapping[str, Any] | None = None,
+    novelty_tolerance: float = 0.0,
 ) -> str:
-    """The reduction settings as a short string (``""`` for full inference, see :func:`is_reduced`).
+    """The reduction settings as a short string (``""`` for full inference, see :func:`is_reduced`); a novelty
+    guard adds ``novelty=T`` (no key when off, so the tags of runs without it are unchanged).
 
-    Example: ``reduced(stride=8,budget=None,refine=True,margin=0.3,dup=0,score_tolerance=0.2)``.
+    Example: ``reduced(stride=8,budget=None,refine=True,margin=0.3,dup=0,novelty=4,score_tolerance=0.2)``.
 
     Raises:
         ValueError: a bad setting (:func:`check_reduction`).
     """
-    s = check_reduction(stride, budget, refine, margin, duplicate_tolerance, options)
+    s = check_reduction(stride, budget, refine, margin, duplicate_tolerance, options, novelty_tolerance)
     if not is_reduced(s["stride"], s["budget"], s["duplicate_tolerance"]):
         return ""
+    novelty = f",novelty={s['novelty_tolerance']:g}" if s["novelty_tolerance"] > 0 else ""
     extra = "".join(f",{k}={v}" for k, v in sorted(s["options"].items()))
     return (
         f"reduced(stride={s['stride']},budget={s['budget']},refine={s['refine']},margin={s['margin']:g},"
-        f"dup={s['duplicate_tolerance']:g}{extra})"
+        f"dup={s['duplicate_tolerance']:g}{novelty}{extra})"
     )
 
 
@@ -399,6 +406,8 @@ class ReducedInference:
             video; a float is a fraction of each video).
         duplicate_tolerance: near-duplicate skipping tolerance (``0``: off); the signatures of every frame of
             the video are computed first (each frame is decoded once more).
+        novelty_tolerance: novelty guard tolerance (``0``: off; see
+            :func:`~monai_vce.inference.adaptive_inference`); needs the signatures too.
         options: further keyword arguments of :func:`~monai_vce.inference.adaptive_inference` (e.g.
             ``score_tolerance``, ``transition_window``, ``max_rounds``, ``interpolation``, ``max_reuse``).
         signature_size: signature thumbnail side.
@@ -456,14 +465,16 @@ class ReducedInference:
         load_handlers: Sequence[Callable[[Any], Any]] = (),
         progress: bool = True,
         frame_rates: Mapping[str, float | None] | None = None,
+        novelty_tolerance: float = 0.0,
     ) -> None:
 
         # every setting checked before the network, the decoder or a frame is touched
-        checked = check_reduction(stride, budget, refine, margin, duplicate_tolerance, options)
+        checked = check_reduction(stride, budget, refine, margin, duplicate_tolerance, options, novelty_tolerance)
         self.output_dir = check_setting("output_dir", output_dir, "path")
         self.options = checked["options"]
         self.settings: dict[str, Any] = {k: checked[k] for k in ("stride", "budget", "refine", "margin")}
         self.duplicate_tolerance = checked["duplicate_tolerance"]
+        self.novelty_tolerance = checked["novelty_tolerance"]
         self.signature_size = check_setting("signature_size", signature_size, "int", minimum=1, maximum=256)
         batch_size = check_setting("batch_size", batch_size, "int", minimum=1, maximum=1 << 20)
         num_workers = check_setting("num_workers", num_workers, "int", minimum=0, maximum=1024)
@@ -542,7 +553,7 @@ class ReducedInference:
             ``(probs (T, 17) float32, inferred (T,) bool)``.
         """
         signatures = None
-        if self.duplicate_tolerance > 0:
+        if self.duplicate_tolerance > 0 or self.novelty_tolerance > 0:
             signatures = self.predictor.signatures(rows, size=self.signature_size)
         return adaptive_inference(
             lambda r: self.predictor(rows[r]),
@@ -550,6 +561,7 @@ class ReducedInference:
             self.decoder,
             signatures=signatures,
             duplicate_tolerance=self.duplicate_tolerance,
+            novelty_tolerance=self.novelty_tolerance,
             probs_transform=self.probs_transform,
             callback=callback,
             video_id=vid,
