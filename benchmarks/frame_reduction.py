@@ -37,6 +37,7 @@ Usage (from the repository root)::
     python benchmarks/frame_reduction.py simulated --quick          # 16 videos, one level, for a fast check
     python benchmarks/frame_reduction.py simulated --levels ramp white correlated red blind bursts miscalibrated --seed 11
     python benchmarks/frame_reduction.py pipeline --work-dir /tmp/frame_reduction_pipeline
+    python benchmarks/frame_reduction.py pipeline --real-timelines --frames 1500 --min-event-frames 1 --seed 5
 """
 
 from __future__ import annotations
@@ -311,13 +312,15 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     work_dir = Path(args.work_dir or tempfile.mkdtemp(prefix="frame_reduction_"))
     models = Path(args.ckpt_dir) if args.ckpt_dir else trained_model(work_dir)
+    real = f"_galar_min{args.min_event_frames}" if args.real_timelines else ""
     data = ensure_mini_galar(
-        work_dir / f"test_{args.videos}x{args.frames}_seed{args.seed}",
+        work_dir / f"test_{args.videos}x{args.frames}_seed{args.seed}{real}",
         videos=args.videos,
         frames_per_video=args.frames,
         size=64,
         seed=args.seed,
-        use_real_timelines=False,
+        use_real_timelines=args.real_timelines,
+        min_event_frames=args.min_event_frames,
     )
     gt = _load(Path(data) / "ground_truth.json")
     methods = list(PIPELINE_METHODS) + [
@@ -416,6 +419,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--videos", type=int, default=12)
     p.add_argument("--frames", type=int, default=300)
     p.add_argument("--seed", type=int, default=1, help="seed of the generated test videos (the demo trains on seed 0)")
+    p.add_argument(
+        "--real-timelines", action="store_true", help="test videos on resampled Galar timelines (short lesions kept)"
+    )
+    p.add_argument("--min-event-frames", type=int, default=2, help="shortest event of the generated test videos")
     p.add_argument("--duplicate-tolerances", type=float, nargs="*", default=[4.0, 8.0, 12.0, 16.0])
     p.add_argument("--novelty-tolerances", type=float, nargs="*", default=[], help="more novelty guard rows")
     p.add_argument("--batch-size", type=int, default=64)
