@@ -22,6 +22,7 @@ from monai_vce.postprocessing import (
     landmark_windows,
     section_gate,
 )
+from monai_vce.postprocessing.chain import CHAIN_STEPS
 
 from .interpolation import interpolate_probs, knot_brackets, logit, sigmoid
 
@@ -87,6 +88,11 @@ def _running_mean(p: np.ndarray, window: int) -> np.ndarray:
     return (csum[w:] - csum[:-w]) / w
 
 
+def _step_on(params: DecoderParams, step: str) -> bool:
+    """Whether chain step ``step`` changes anything for some label (its parameter is not 0)."""
+    return bool(np.any(params.per_label(CHAIN_STEPS[step].param.name) != 0))
+
+
 class DecoderTarget:
     """The decisions of one event decoder, as a guide to which frames are worth inferring.
 
@@ -136,6 +142,11 @@ class DecoderTarget:
         p = self.decoder.params
         self.thresholds = p.per_label("threshold")
         self.order = list(p["order"])
+        unsupported = [
+            s for s in self.order if s not in ("threshold", "median", "fill_gaps", "min_length") and _step_on(p, s)
+        ]
+        if unsupported:  # their reach is unbounded: the envelope could not say which frames can change an event
+            raise ValueError(f"reduced inference cannot refine a decoder with the chain step(s) {unsupported} on")
         self.rules = p.presence_rules()
         self.anatomy = dict(p["anatomy"])
         self.never = np.array([r["feature"] == "never" for r in self.rules])

@@ -12,7 +12,8 @@ from scipy.ndimage import median_filter
 
 from monai_vce.events.runs import run_bounds
 
-from .steps import MAX_FRAMES, ChainStep, Param
+from .anatomy import viterbi_sections
+from .steps import MAX_COST, MAX_FRAMES, ChainStep, Param
 
 __all__ = [
     "CHAIN_STEPS",
@@ -22,6 +23,8 @@ __all__ = [
     "threshold_mask",
     "median_probs",
     "median_mask",
+    "hysteresis_probs",
+    "duration_viterbi",
     "fill_gaps",
     "remove_short_runs",
     "run_chain",
@@ -124,6 +127,108 @@ def median_mask(mask: np.ndarray, windows: int | Sequence[int] | np.ndarray) -> 
     return out
 
 
+def _clamp_prefix(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``a[t] = clip(a[t - 1], lo[t], hi[t])`` along axis 0 from ``a[-1] = -inf``, for ``lo <= hi``.
+
+    A composition of clamps is a clamp, so the recursion is an associative scan: at most ``log2(T)`` doubling
+    steps of whole-array operations instead of a loop over frames. A composed clamp with ``low == high`` is
+    constant, so the scan stops once every window that does not reach the first frame is one.
+    """
+    low, high = lo.copy(), hi.copy()
+    T = low.shape[0]
+    d = 1
+    while d < T:
+        # the clamp of frames t-2d+1..t-d, then that of frames t-d+1..t
+        new_low = np.clip(low[:-d], low[d:], high[d:])
+        new_high = np.clip(high[:-d], low[d:], high[d:])
+        low[d:], high[d:] = new_low, new_high
+        d *= 2
+        # rows before d now hold their whole prefix; the others are final once constant
+        if d < T and not np.any(high[d:] > low[d:]):
+            break
+    return low
+
+
+def hysteresis_probs(probs: np.ndarray, deltas: float | Sequence[float] | np.ndarray) -> np.ndarray:
+    """Probabilities whose thresholding is a hysteresis threshold, one margin ``deltas[c]`` per class.
+
+    ``q[t] = max_s min(p[s], deltas[c] + min(p[s..t]))`` (the reconstruction by dilation of ``p`` under
+    ``p + deltas[c]``), so that ``q >= thr`` holds exactly on the runs of ``p + deltas[c] >= thr`` (the low
+    mask) that contain a frame with ``p >= thr`` (the high mask), whatever the threshold ``thr``: an event is
+    seeded at the threshold and extends while the probability stays above ``thr - deltas[c]``. A class with
+    margin ``0`` is returned unchanged.
+
+    Args:
+        probs: ``(T, C)`` probabilities, frames along axis 0.
+        deltas: how far below the threshold an event may extend, per class (``0``: off).
+
+    Returns:
+        ``(T, C)`` array; ``probs`` itself when every margin is 0, else float64.
+    """
+    probs = _check_2d(probs, "probs")
+    deltas = as_per_class(deltas, probs.shape[1], "hysteresis margins")
+    if np.any(~np.isfinite(deltas)) or np.any(deltas < 0):
+        raise ValueError(f"hysteresis margins must be finite and >= 0, got {deltas.tolist()}")
+    cols = np.flatnonzero(deltas > 0)
+    if cols.size == 0 or probs.shape[0] == 0:
+        return probs
+    p = probs[:, cols].astype(np.float64)
+    g = p + deltas[cols][None, :]
+    forward = _clamp_prefix(p, g)  # paths from a frame s <= t
+    backward = _clamp_prefix(p[::-1], g[::-1])[::-1]  # paths from a frame s >= t
+    out = probs.astype(np.float64)
+    out[:, cols] = np.maximum(forward, backward)
+    return out
+
+
+def duration_viterbi(
+    mask: np.ndarray, costs: np.ndarray, probs: np.ndarray | None = None, thresholds: np.ndarray | None = None
+) -> np.ndarray:
+    """Two-state (absent / present) Viterbi decode per class, with a cost per switch: a duration prior.
+
+    The present state scores ``logit(p) - logit(threshold)`` per frame (the absent state 0), and each change of
+    state costs ``costs[c]`` nats, so the decode is the threshold's mask with every run or gap that does not pay for
+    its two switches removed, globally. A column with cost 0 keeps ``mask``; a column with a positive cost is
+    replaced by its decode. All columns are decoded at once, as one sequence with a forced separator state between
+    columns (:func:`~monai_vce.postprocessing.anatomy.viterbi_sections`).
+
+    Args:
+        mask: ``(T, C)`` mask (kept for the columns of cost 0).
+        costs: ``(C,)`` switch costs in nats (``0``: off).
+        probs: ``(T, C)`` probabilities that entered ``"threshold"``.
+        thresholds: ``(C,)`` their thresholds.
+    """
+    mask = np.asarray(_check_2d(mask, "mask"), dtype=bool)
+    T, C = mask.shape
+    costs = as_per_class(costs, C, "duration costs")
+    if np.any(~np.isfinite(costs)) or np.any(costs < 0):
+        raise ValueError(f"duration costs must be finite and >= 0, got {costs.tolist()}")
+    cols = np.flatnonzero(costs > 0)
+    if cols.size == 0 or T == 0:
+        return mask
+    if probs is None or thresholds is None:
+        raise ValueError("duration_viterbi needs the probabilities and thresholds of the 'threshold' step")
+    eps = 1e-6
+    p = np.clip(np.asarray(probs, dtype=np.float64)[:, cols], eps, 1 - eps)
+    thr = np.clip(as_per_class(thresholds, C, "thresholds")[cols], eps, 1 - eps)
+    z = np.log(p / (1 - p)) - np.log(thr / (1 - thr))[None, :]
+    # states: absent, present, separator; each column is followed by one separator frame, where only the
+    # separator may be decoded and from which either state starts free, so that the columns do not interact
+    neg = -1e18
+    K = cols.size
+    em = np.full((K, T + 1, 3), neg)
+    em[:, :T, 0] = 0.0
+    em[:, :T, 1] = z.T
+    em[:, T, 2] = 0.0
+    out = mask.copy()
+    for c in np.unique(costs[cols]):
+        sel = np.flatnonzero(costs[cols] == c)
+        trans = np.array([[0.0, -c, 0.0], [-c, 0.0, 0.0], [0.0, 0.0, 0.0]])
+        path = viterbi_sections(em[sel].reshape(-1, 3), trans).reshape(sel.size, T + 1)[:, :T]
+        out[:, cols[sel]] = (path == 1).T
+    return out
+
+
 def _set_runs(mask: np.ndarray, cls: np.ndarray, start: np.ndarray, stop: np.ndarray, value: bool) -> np.ndarray:
     """Set the given runs of a (T, C) mask to ``value`` without a loop over runs."""
     T, C = mask.shape
@@ -169,7 +274,8 @@ def _median(x: np.ndarray, windows: np.ndarray) -> np.ndarray:
     return median_mask(x, windows) if x.dtype == bool else median_probs(x, windows)
 
 
-#: The registry of chain steps, in the paper's order (which is also the tuner's order of search).
+#: The registry of chain steps, in the paper's order (which is also the tuner's order of search); the steps the
+#: paper lacks (``"hysteresis"``) are off by default and outside :data:`PAPER_ORDER`.
 CHAIN_STEPS: dict[str, ChainStep] = {
     step.name: step
     for step in (
@@ -178,6 +284,23 @@ CHAIN_STEPS: dict[str, ChainStep] = {
             Param("threshold", "number", 0.5, 0.0, 1.0, grid=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)),
             threshold_mask,
             doc="p >= threshold",
+        ),
+        ChainStep(
+            "hysteresis",
+            Param("hysteresis", "number", 0.0, 0.0, 1.0, grid=(0.0, 0.05, 0.1, 0.2, 0.3)),
+            hysteresis_probs,
+            needs_probs=True,
+            searched=False,
+            doc="hysteresis: events seeded at p >= threshold extend while p >= threshold - hysteresis (0: off)",
+        ),
+        ChainStep(
+            "duration",
+            Param("duration_cost", "number", 0.0, 0.0, MAX_COST, grid=(0.0, 2.0, 5.0, 10.0, 20.0)),
+            duration_viterbi,
+            needs_mask=True,
+            searched=False,
+            context=True,
+            doc="two-state Viterbi per label, duration_cost nats per switch, replacing the thresholded mask (0: off)",
         ),
         ChainStep(
             "median",
@@ -233,13 +356,18 @@ def run_chain(probs: np.ndarray, values: Mapping[str, Any], order: Sequence[str]
     order = _check_order(order)
     C = probs.shape[1]
     x: np.ndarray = probs
+    context: dict[str, np.ndarray] = {}
     for name in order:
         step = CHAIN_STEPS[name]
         if step.needs_mask and x.dtype != bool:
             raise ValueError(f"{name!r} needs a binary mask: put it after 'threshold' in the order")
+        if step.needs_probs and x.dtype == bool:
+            raise ValueError(f"{name!r} needs the probabilities: put it before 'threshold' in the order")
         param = step.param
         per_class = as_per_class(values.get(param.name, param.default), C, param.name, dtype=param.dtype)
-        x = step.kernel(x, per_class)
+        if name == "threshold":
+            context = {"probs": x, "thresholds": per_class}
+        x = step.kernel(x, per_class, **context) if step.context else step.kernel(x, per_class)
     return x
 
 

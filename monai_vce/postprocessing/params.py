@@ -272,11 +272,13 @@ class DecoderParams(Mapping[str, Any]):
     Structure (version 1; the schema is :func:`decoder_params_schema`)::
 
         {"version": 1,
-         "labels": {"<label>": {"threshold": float in [0, 1], "median_window": odd int in [1, 1e7],
+         "labels": {"<label>": {"threshold": float in [0, 1], "hysteresis": float in [0, 1],
+                                "duration_cost": float in [0, 1e6], "median_window": odd int in [1, 1e7],
                                 "max_gap": int in [0, 1e7], "min_length": int in [0, 1e7],
                                 "presence": {"feature": "none" | "never" | "peak" | "quantile" | "support",
                                              "cutoff": float, "window": int, "q": float}}, ...},   # all 17
          "order": ["threshold", "median", "fill_gaps", "min_length"],   # any order, steps may be left out
+                    # ("hysteresis" before "threshold", "duration" after it: both off by default)
          "composition": "label_set" | "per_label",
          "ranking": "mean" | "max" | "min" | "none",
          "frame_units": "frame_index" | "frame_number",
@@ -357,6 +359,8 @@ class DecoderParams(Mapping[str, Any]):
         for step in order:
             if CHAIN_STEPS[step].needs_mask and order.index(step) < th:
                 self._fail("order", f"{step!r} works on the binary mask and must come after 'threshold'")
+            if CHAIN_STEPS[step].needs_probs and order.index(step) > th:
+                self._fail("order", f"{step!r} works on the probabilities and must come before 'threshold'")
 
     @classmethod
     def paper(cls, **overrides: Any) -> DecoderParams:
@@ -411,11 +415,15 @@ class DecoderParams(Mapping[str, Any]):
                 + f"; a parameter file lists all {len(LABELS)} labels (no label falls back to the defaults)"
             )
         defaults = _default_label()
+        # a step left out of the order never runs, so its parameter may be absent without a warning
+        order = data.get("order")
+        ordered = set(order) if isinstance(order, list) else set(CHAIN_STEPS)
+        keys = [step.param.name for step in CHAIN_STEPS.values() if step.name in ordered] + ["presence"]
         absent = [
             f"labels.{name}.{key}"
             for name in LABELS
             if isinstance(labels[name], Mapping)
-            for key in label_param_names()
+            for key in keys
             if key not in labels[name]
         ]
         if absent:

@@ -114,6 +114,10 @@ class ChainStep:
         kernel: ``(x (T, C), values (C,)) -> (T, C)``: the step on probabilities (float) or on the binary mask
             (bool), vectorised over frames and columns.
         needs_mask: the step works on the binary mask only, so it must come after ``"threshold"``.
+        needs_probs: the step works on the probabilities only, so it must come before ``"threshold"``.
+        searched: the tuner searches its grid by default (else only when its grid is given to it).
+        context: the kernel also takes ``probs=`` (the probabilities that entered ``"threshold"``) and
+            ``thresholds=`` (their per-column thresholds); only for a step after ``"threshold"``.
         doc: what the step does.
     """
 
@@ -121,4 +125,13 @@ class ChainStep:
     param: Param
     kernel: Callable[[np.ndarray, np.ndarray], np.ndarray] = field(compare=False)
     needs_mask: bool = False
+    needs_probs: bool = False
+    searched: bool = True
+    context: bool = False
     doc: str = ""
+
+    def __post_init__(self) -> None:
+        if self.needs_mask and self.needs_probs:
+            raise ValueError(f"ChainStep {self.name!r}: needs_mask and needs_probs exclude each other")
+        if self.context and not self.needs_mask:
+            raise ValueError(f"ChainStep {self.name!r}: a context step reads the threshold, so it needs_mask")

@@ -16,9 +16,9 @@ from ..events.composition import RANKINGS, confidence_order, event_json, label_c
 from ..events.probabilities import Video
 from ..events.runs import run_bounds, run_spans
 from ..events.units import FrameUnits, as_frame_units
-from ..labels import LABELS, NUM_LABELS, SECTIONS
+from ..labels import LABELS, NUM_LABELS, PATHOLOGY, SECTIONS
 from ..metrics.temporal_map import average_precision, temporal_map
-from .anatomy import DEFAULT_ANATOMY_GRID
+from .anatomy import DEFAULT_ANATOMY_GRID, section_gate
 from .calibration import ProbabilityCalibration
 from .chain import CHAIN_STEPS, PAPER_ORDER
 from .core import SECTION_COLUMNS, column_sections, decode_columns, section_mask, section_sequence
@@ -42,12 +42,22 @@ __all__ = [
     "tune_decoder",
     "cross_fitted_events",
     "label_segments",
+    "pathology_section_candidates",
 ]
 
 
-def default_grids() -> dict[str, tuple]:
-    """Candidate values of each per-label chain parameter: the grids of :data:`CHAIN_STEPS`, in search order."""
-    return {step.param.name: step.param.grid for step in CHAIN_STEPS.values() if step.param.grid}
+def default_grids(optional: bool = False) -> dict[str, tuple]:
+    """Candidate values of each per-label chain parameter: the grids of :data:`CHAIN_STEPS`, in search order.
+
+    Args:
+        optional: also the grids of the steps not searched by default (``searched=False``: ``"hysteresis"``,
+            ``"duration"``).
+    """
+    return {
+        step.param.name: step.param.grid
+        for step in CHAIN_STEPS.values()
+        if step.param.grid and (step.searched or optional)
+    }
 
 
 def _params() -> dict[str, Param]:
@@ -107,6 +117,44 @@ class _Video:
         self.mask: np.ndarray = np.zeros((self.T, NUM_LABELS), dtype=bool)
         self.sections: np.ndarray | None = None
 
+    def rows(self, label: int) -> np.ndarray:
+        """``(T,)`` rows inside a ground-truth event of ``label``."""
+        cover = np.zeros(self.T + 1, dtype=np.int64)
+        seg = self.gt[label]
+        np.add.at(cover, np.searchsorted(self.frame_ids, seg[:, 0], side="left"), 1)
+        np.add.at(cover, np.searchsorted(self.frame_ids, seg[:, 1], side="right"), -1)
+        return np.cumsum(cover[: self.T]) > 0
+
+
+def pathology_section_candidates(videos: Sequence[Any], coverage: float = 0.99) -> dict[str, list[str]]:
+    """For each pathology, the fewest sections holding at least ``coverage`` of its positive ground-truth frames.
+
+    The frames are counted by their ground-truth section (frames outside every section are not counted).
+    A pathology without positive frames in a section, or whose frames need all five sections, gets no entry:
+    gating it by section would change nothing.
+
+    Args:
+        videos: the tuner's videos (with ``gt``, ``T`` and :meth:`_Video.rows`).
+        coverage: the share of the positive frames the sections must hold.
+    """
+    counts = np.zeros((len(PATHOLOGY), len(SECTIONS)), dtype=np.int64)
+    for v in videos:
+        sec = np.stack([v.rows(LABELS.index(n)) for n in SECTIONS], axis=1)  # (T, 5)
+        for i, name in enumerate(PATHOLOGY):
+            pos = v.rows(LABELS.index(name))
+            counts[i] += (sec & pos[:, None]).sum(axis=0)
+    out: dict[str, list[str]] = {}
+    for i, name in enumerate(PATHOLOGY):
+        total = counts[i].sum()
+        if total == 0:
+            continue
+        ranked = np.argsort(-counts[i], kind="stable")
+        share = np.cumsum(counts[i][ranked]) / total
+        keep = ranked[: int(np.searchsorted(share, coverage - 1e-12)) + 1]
+        if keep.size < len(SECTIONS):
+            out[name] = [SECTIONS[k] for k in sorted(keep.tolist())]
+    return out
+
 
 def _score_columns(
     v: _Video,
@@ -155,7 +203,16 @@ class _Tuner:
         self.order = params["order"]
         self.composition = params["composition"]
         self.ranking = params["ranking"]
-        self.anatomy_params = params["anatomy"] if params["anatomy"]["enabled"] else None
+        # the pathologies' section gates being fitted (the anatomy step reads them from this dict)
+        self.pathology_sections: dict[str, list[str]] = {
+            k: list(v) for k, v in params["anatomy"]["pathology_sections"].items()
+        }
+        self.anatomy_params: dict[str, Any] | None = None
+        if params["anatomy"]["enabled"]:
+            self.anatomy_params = {**params["anatomy"], "pathology_sections": self.pathology_sections}
+        self.gate_candidates: dict[str, list[str]] = {}
+        # parameters put back to their (off) default, and gates dropped, for a label never emitted
+        self.silent_defaults: dict[str, Any] = {}
         # without anatomy decoding, landmarks are gated near the boundaries of the decoded section columns
         self.gate = params["anatomy"] if self.anatomy_params is None and params["anatomy"]["gate_landmarks"] else None
         # the per-label parameters being fitted (the rest of the parameters is fixed during the ascent)
@@ -175,9 +232,23 @@ class _Tuner:
 
     def _candidates(self, v: _Video, label: int, key: str | None, values: Sequence) -> np.ndarray:
         """(T, K) columns of one label for candidate values of one parameter (others at their current value)."""
-        lp = self.labels[LABELS[label]]
+        name = LABELS[label]
+        lp = self.labels[name]
+        if key == "pathology_sections":
+            # one decoding without the label's section gate, then each candidate gate (None: ungated)
+            saved = self.pathology_sections.pop(name, None)
+            try:
+                col = self._candidates(v, label, None, ())
+            finally:
+                if saved is not None:
+                    self.pathology_sections[name] = saved
+            cols = np.repeat(col, len(values), axis=1)
+            for k, sections in enumerate(values):
+                if sections is not None and v.sections is not None:
+                    cols[:, k] &= section_gate(v.sections, sections)
+            return cols
         K = len(values) if key else 1
-        per = {name: np.full(K, lp[name]) for name in _params()}
+        per = {p: np.full(K, lp[p]) for p in _params()}
         if key:
             per[key] = np.asarray(values)
         return decode_columns(v.probs, np.full(K, label), per, self.order, self.anatomy_params, v.sections, self.gate)
@@ -294,6 +365,15 @@ class _Tuner:
                         value, rule, score = self.step(label, key, tuple(values), fixed, ctx)
                         lp[key] = float(value) if params[key].kind == "number" else int(value)
                         lp["presence"] = rule
+                    if self.anatomy and name in self.gate_candidates:
+                        # gate by the sections the label occurs in, kept only where it raises the objective
+                        values = (self.pathology_sections.get(name), self.gate_candidates[name])
+                        value, rule, score = self.step(label, "pathology_sections", values, fixed, ctx)
+                        if value is None:
+                            self.pathology_sections.pop(name, None)
+                        else:
+                            self.pathology_sections[name] = list(value)
+                        lp["presence"] = rule
                 if lp["presence"]["feature"] != "never":
                     emit, gain, need, combined, combined_need = self.decide(label)
                     self.decisions[name] = {
@@ -308,10 +388,16 @@ class _Tuner:
                         score = float(np.mean([v.absent[label] for v in self.videos]))
                 else:
                     self.decisions.pop(name, None)
+                if lp["presence"]["feature"] == "never":
+                    # nothing of a silent label is decoded: leave what it does not need off, as before the search
+                    lp.update(self.silent_defaults)
+                    if name in self.gate_candidates:
+                        self.pathology_sections.pop(name, None)
                 self.candidates = []
                 self.refresh(label)
                 total.append(score)
-                self.log(f"round {r + 1} {name}: objective {score:.4f} {lp}")
+                gated = self.pathology_sections.get(name)
+                self.log(f"round {r + 1} {name}: objective {score:.4f} {lp}" + (f" sections {gated}" if gated else ""))
             score = float(np.mean(total))
             self.log(f"round {r + 1}: mean per-label objective {score:.4f}")
         return score
@@ -339,6 +425,7 @@ def tune_decoder(
     false_alarms_per_exam: float = 2.0,
     window_seconds: bool = False,
     calibration: str | None = None,
+    pathology_gating: float | None = None,
     verbose: bool = False,
 ) -> DecoderParams:
     """Fit the decoder's parameters on validation videos by maximising temporal mAP (see ``docs/design/decoding.md``).
@@ -354,6 +441,7 @@ def tune_decoder(
         frame_units: the frame ids of the videos' events (``"frame_index"`` or ``"frame_number"``), recorded
             in the parameters.
         grids: candidate values per chain parameter (keys of :data:`DEFAULT_GRIDS`); a key left out is not tuned.
+            ``default_grids(optional=True)`` adds the steps that are off by default (``"hysteresis"``, ``"duration"``).
         rounds: coordinate-ascent rounds over all labels.
         tiou_thresholds: tIoU thresholds of the objective.
         weights: weight of each tIoU threshold in the objective (equal when ``None``).
@@ -389,6 +477,10 @@ def tune_decoder(
             videos' frame targets, tune on the calibrated probabilities (``base``'s thresholds mapped through it)
             and record it in the parameters (``calibration``), which the decoder then applies first. ``None``:
             ``base``'s calibration, if any, is kept.
+        pathology_gating: with anatomy decoding, try gating each pathology by the fewest sections that hold this
+            share of its positive ground-truth frames (e.g. ``0.99``; :func:`pathology_section_candidates`,
+            ``anatomy``'s ``pathology_sections``), kept for a label only where it raises its objective; ``None``
+            (default): not tried, ``base``'s gates are kept.
         verbose: print progress.
 
     Returns:
@@ -425,6 +517,7 @@ def tune_decoder(
         seed=seed,
         profile=profile,
         false_alarms_per_exam=false_alarms_per_exam,
+        pathology_gating=pathology_gating,
         verbose=verbose,
     )
     if calib is not None:
@@ -486,6 +579,7 @@ def _tune_decoder(
     seed: int,
     profile: str,
     false_alarms_per_exam: float,
+    pathology_gating: float | None,
     verbose: bool,
 ) -> DecoderParams:
     log: Log = print if verbose else (lambda *_: None)
@@ -518,10 +612,11 @@ def _tune_decoder(
     data["composition"] = composition
     data["frame_units"] = units.value
     data["anatomy"]["enabled"] = bool(anatomy)
+    if pathology_gating is not None and not 0.0 < float(pathology_gating) <= 1.0:
+        raise ValueError(f"pathology_gating: must be a share in (0, 1] or None, got {pathology_gating!r}")
     for r in rankings:
         if r not in RANKINGS:
             raise ValueError(f"rankings: unknown ranking {r!r}; expected names from {list(RANKINGS)}")
-    params = DecoderParams(data, source="tuned parameters")
     known = _params()
     grids = dict(default_grids() if grids is None else grids)
     for key in grids:
@@ -530,6 +625,22 @@ def _tune_decoder(
         bad = [x for x in grids[key] if not known[key].is_valid(x)]
         if bad:
             raise ValueError(f"grids: {key}: {bad[0]!r} is not {known[key].describe()}")
+    # a searched step that the order lacks runs just before "threshold" (a step on the probabilities) or just
+    # after it (a step reading the threshold's input) while tuning, off for every label but the one under study;
+    # it stays in the order only if some label turns it on
+    added = [
+        s.name
+        for s in CHAIN_STEPS.values()
+        if (s.needs_probs or s.context)
+        and s.name not in data["order"]
+        and any(x != s.param.default for x in grids.get(s.param.name, ()))
+    ]
+    if added:
+        th = data["order"].index("threshold")
+        before = [n for n in added if CHAIN_STEPS[n].needs_probs]
+        after = [n for n in added if not CHAIN_STEPS[n].needs_probs]
+        data["order"] = [*data["order"][:th], *before, "threshold", *after, *data["order"][th + 1 :]]
+    params = DecoderParams(data, source="tuned parameters")
 
     # labels not tuned yet split nothing: the first round starts from empty masks (the untuned chain's
     # many false-positive runs would fragment every candidate); the sections are decoded once
@@ -545,8 +656,20 @@ def _tune_decoder(
         tuner.folds = video_folds(len(vids), presence_folds, seed)
     tuner.cv_margin = float(presence_cv_margin)
     tuner.cv_z = float(presence_cv_z)
+    tuner.silent_defaults = {CHAIN_STEPS[n].param.name: CHAIN_STEPS[n].param.default for n in added}
+    if anatomy and pathology_gating is not None:
+        tuner.gate_candidates = pathology_section_candidates(vids, float(pathology_gating))
     tuner.run(rounds)
-    params = params.replace(labels=tuner.labels)
+    unused = [
+        n
+        for n in added
+        if all(tuner.labels[lab][CHAIN_STEPS[n].param.name] == CHAIN_STEPS[n].param.default for lab in LABELS)
+    ]
+    params = params.replace(
+        labels=tuner.labels,
+        order=[n for n in params["order"] if n not in unused],
+        anatomy={**params.to_dict()["anatomy"], "pathology_sections": dict(sorted(tuner.pathology_sections.items()))},
+    )
 
     # choose the ranking by the composed score of the full decoder
     best: tuple[float, str, dict[str, float]] | None = None
