@@ -59,6 +59,26 @@ def tiny_config_parser(files: list[str], data_dir: Path, tmp_path: Path, **overr
     return parser
 
 
+def inference_workflow(dataset_dir: Path, tmp_path: Path, **overrides: Any) -> Any:
+    """An initialised ``infer`` workflow of ``inference.json`` + ``demo.json`` over ``dataset_dir``, writing into
+    ``tmp_path`` (``models``, ``out``), with config ``overrides``; nothing is run."""
+    from monai.bundle import ConfigWorkflow
+
+    wf = ConfigWorkflow(
+        config_file=[INFERENCE, DEMO],
+        meta_file=METADATA,
+        logging_file=False,
+        workflow_type="infer",
+        dataset_dir=str(dataset_dir),
+        ckpt_dir=str(tmp_path / "models"),
+        output_dir=str(tmp_path / "out"),
+        initialize=[],
+        **overrides,
+    )
+    wf.initialize()
+    return wf
+
+
 def tiny_overrides(data_dir: Path, out_dir: Path, **extra: Any) -> list[str]:
     """Command-line overrides for a fast run on ``data_dir`` writing under ``out_dir``."""
     values: dict[str, Any] = {

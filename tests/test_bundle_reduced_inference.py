@@ -210,22 +210,9 @@ def test_temporal_stage_on_reduced_inference(runs, mini_galar, tmp_path):
 
 
 def _workflow(mini_galar, tmp_path, **overrides):
-    from bundle_helpers import METADATA
-    from monai.bundle import ConfigWorkflow
+    from bundle_helpers import inference_workflow
 
-    wf = ConfigWorkflow(
-        config_file=[INFERENCE, DEMO],
-        meta_file=METADATA,
-        logging_file=False,
-        workflow_type="infer",
-        dataset_dir=str(mini_galar / "frames"),
-        ckpt_dir=str(tmp_path / "models"),
-        output_dir=str(tmp_path / "out"),
-        initialize=[],
-        **overrides,
-    )
-    wf.initialize()
-    return wf
+    return inference_workflow(mini_galar / "frames", tmp_path, **overrides)
 
 
 def test_reduction_keys_and_the_temporal_refiner_in_the_config(mini_galar, tmp_path):

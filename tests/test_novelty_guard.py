@@ -245,23 +245,10 @@ def test_reduced_inference_with_the_guard(mini, network, tmp_path):
 
 
 def test_the_bundle_key_reaches_the_reduced_inference(mini_galar, tmp_path):
-    from bundle_helpers import DEMO, INFERENCE, METADATA
-    from monai.bundle import ConfigWorkflow
+    from bundle_helpers import inference_workflow
 
     def workflow(**overrides):
-        wf = ConfigWorkflow(
-            config_file=[INFERENCE, DEMO],
-            meta_file=METADATA,
-            logging_file=False,
-            workflow_type="infer",
-            dataset_dir=str(mini_galar / "frames"),
-            ckpt_dir=str(tmp_path / "models"),
-            output_dir=str(tmp_path / "out"),
-            initialize=[],
-            **overrides,
-        )
-        wf.initialize()
-        return wf
+        return inference_workflow(mini_galar / "frames", tmp_path, **overrides)
 
     wf = workflow(**{"reduction#stride": 8, "reduction#novelty_tolerance": 4.0})
     reduced = wf.parser.get_parsed_content("reduced_inference")
