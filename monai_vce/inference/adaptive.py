@@ -61,6 +61,12 @@ def _check_int(value: Any, name: str, minimum: int, video_id: str | None) -> int
     return int(value)
 
 
+def _check_tolerance(value: Any, name: str, video_id: str | None) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= float(value) < math.inf:  # NaN too
+        raise ValueError(f"{_where(video_id)}{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
 class _Runner:
     """One video's inference state: which rows are known, their probabilities, what ``predict`` has seen."""
 
@@ -251,18 +257,8 @@ def adaptive_inference(
         max_rounds = _check_int(max_rounds, "max_rounds", 0, video_id)
     window = stride if transition_window is None else _check_int(transition_window, "transition_window", 0, video_id)
     max_reuse = _check_int(max_reuse, "max_reuse", 1, video_id)
-    if (
-        isinstance(duplicate_tolerance, bool)
-        or not isinstance(duplicate_tolerance, numbers.Real)
-        or not 0 <= duplicate_tolerance < math.inf  # also refuses NaN
-    ):
-        raise ValueError(f"{where}duplicate_tolerance must be a finite number >= 0, got {duplicate_tolerance!r}")
-    if (
-        isinstance(novelty_tolerance, bool)
-        or not isinstance(novelty_tolerance, numbers.Real)
-        or not 0 <= novelty_tolerance < math.inf  # also refuses NaN
-    ):
-        raise ValueError(f"{where}novelty_tolerance must be a finite number >= 0, got {novelty_tolerance!r}")
+    duplicate_tolerance = _check_tolerance(duplicate_tolerance, "duplicate_tolerance", video_id)
+    novelty_tolerance = _check_tolerance(novelty_tolerance, "novelty_tolerance", video_id)
     if not isinstance(refine, (bool, np.bool_)):
         raise ValueError(f"{where}refine must be True or False, got {refine!r}")
     anchors = None
@@ -300,7 +296,7 @@ def adaptive_inference(
 
     run.take(strided_rows(T, stride, limit))
     if novelty_tolerance > 0 and sig is not None:
-        _novelty_rounds(run, sig.astype(np.float32), float(novelty_tolerance), limit)
+        _novelty_rounds(run, sig.astype(np.float32), novelty_tolerance, limit)
     rounds = 0
     while refine and not run.known.all() and (max_rounds is None or rounds < max_rounds):
         spent = int(run.inferred.sum())
