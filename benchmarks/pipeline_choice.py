@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from monai_vce.data.synthetic import find_galar_events
-from monai_vce.events import Video, with_ground_truth
 from monai_vce.inference.interpolation import logit, sigmoid
 from monai_vce.metrics import temporal_map
 from monai_vce.postprocessing import (
@@ -32,10 +32,11 @@ from monai_vce.postprocessing import (
     NOISE_LEVELS,
     EventDecoder,
     decode_videos,
-    events_to_frames,
-    simulate_probabilities,
     tune_decoder,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from temporal import _simulate  # the refiner benchmark's draw of the same videos
 
 GALAR = find_galar_events()  # MONAI_VCE_GALAR_EVENTS, else shared/data beside the checkout
 MARGINS = (0.0, 0.005, 0.01, 0.02)
@@ -61,15 +62,11 @@ def main() -> None:
         gt_test = {"videos": videos[args.fit_videos :]}
         for level in args.levels:
             t0 = time.perf_counter()
-            sim, noisy = {}, {}
-            for j, v in enumerate(videos):
-                ids = np.arange(max(e["end"] for e in v["events"]) + 1)
-                rng = np.random.default_rng([seed, j])
-                probs = simulate_probabilities(events_to_frames(v["events"], ids), level, seed=rng)
-                video = with_ground_truth(Video(v["video_id"], probs, ids, ids), v["events"], "frame_index")
-                sim[v["video_id"]] = video
-                extra = args.noise * np.random.default_rng([seed, j, 1]).standard_normal(probs.shape)
-                noisy[v["video_id"]] = video.replace(probs=sigmoid(logit(probs) + extra).astype(np.float32))
+            sim = _simulate(videos, level, seed)
+            noisy = {}
+            for j, (k, video) in enumerate(sim.items()):
+                extra = args.noise * np.random.default_rng([seed, j, 1]).standard_normal(video.probs.shape)
+                noisy[k] = video.replace(probs=sigmoid(logit(video.probs) + extra).astype(np.float32))
             scores = {}
             for name, inputs in (("decoder", sim), ("candidate", noisy)):
                 params = tune_decoder([inputs[k] for k in fit_ids], rounds=args.rounds)
