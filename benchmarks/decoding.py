@@ -22,6 +22,10 @@ simulated from the ground truth of the 80 Galar videos, the videos are split int
 (hysteresis thresholds and a two-state duration prior per label, ``default_grids(optional=True)``, and pathology
 gated by the sections holding 99 % of its tuning frames, ``pathology_gating=0.99``).
 
+``--peer-decoder`` adds the peer decoder (``benchmarks/peer_decoder.py``): the best published entry's decoding
+as published (hysteresis), and the best of its four combinations (hysteresis or a two-state HMM per label, with
+or without anatomy gates) on the tuning videos.
+
 Each row also gives the lesion sensitivity at 2 false alarms per exam (:func:`monai_vce.metrics.lesion_froc`,
 the 9 pathology labels pooled, a lesion found by overlap).
 
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -43,7 +48,7 @@ import numpy as np
 
 from monai_vce.data.synthetic import find_galar_events
 from monai_vce.events import Video
-from monai_vce.labels import LABELS
+from monai_vce.labels import LABELS, SECTIONS
 from monai_vce.metrics import lesion_froc, temporal_map
 from monai_vce.postprocessing import (
     NOISE_FAMILIES,
@@ -57,6 +62,9 @@ from monai_vce.postprocessing import (
     tune_decoder,
 )
 from monai_vce.postprocessing.tuning import default_grids
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peer_decoder import PeerDecoder, fit_peer_decoder, select_peer_decoder
 
 GALAR = find_galar_events()  # MONAI_VCE_GALAR_EVENTS, else shared/data beside the checkout
 
@@ -74,6 +82,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="16 videos (12 tuning / 4 held out), 1 round")
     parser.add_argument("--peer-ideas", action="store_true", help="also tune with hysteresis, duration and gates")
+    parser.add_argument("--peer-decoder", action="store_true", help="also score the peer decoder (peer_decoder.py)")
     args = parser.parse_args()
 
     gt_all = json.loads(Path(args.gt).read_text())
@@ -145,6 +154,24 @@ def main() -> None:
                 | ({"section gates"} if peer["anatomy"]["pathology_sections"] else set())
             )
             rows.append((level, "tuned + peer ideas", *score(pred), f"fit {t_peer:.0f} s, uses {used or 'none'}"))
+        if args.peer_decoder:
+            t0 = time.perf_counter()
+            published = PeerDecoder()
+            rows.append(
+                (level, "peer decoder (published)", *score(published.decode_videos([sim[k] for k in test_ids])), "")
+            )
+            gt_tune = {"videos": [by_id[k] for k in tune_ids]}
+            chosen, objectives = select_peer_decoder([sim[k] for k in tune_ids], truths, gt_tune)
+            note = f"chose {chosen.name}; tuning objectives " + ", ".join(f"{n} {o:.4f}" for n, o in objectives.items())
+            rows.append(
+                (level, "peer decoder (best on tuning)", *score(chosen.decode_videos([sim[k] for k in test_ids])), note)
+            )
+            fitted, objective = fit_peer_decoder([sim[k] for k in tune_ids], gt_tune, rounds=args.rounds)
+            pred = fitted.decode_videos([sim[k] for k in test_ids])
+            emitted = sum(c["presence_max"] <= 1 for name, c in fitted.config.items() if name not in SECTIONS)
+            note = f"{fitted.name}, tuning objective {objective:.4f}, {emitted}/12 other labels emitted"
+            rows.append((level, "peer decoder (fitted on tuning)", *score(pred), note))
+            print(f"[{level}] peer decoders in {time.perf_counter() - t0:.1f} s", flush=True)
         print(f"[{level}] simulated in {t_sim:.1f} s, tuned in {t_tune:.1f} s", flush=True)
 
     print()
