@@ -1,9 +1,10 @@
 """Screening benchmark: lesion-level sensitivity at fixed false alarms per exam on the real Galar timelines.
 
 Frame probabilities are simulated from the ground truth of the 80 Galar videos as in ``benchmarks/decoding.py``
-(same split and seeds), and these decoders are scored on the held-out videos with
-:func:`monai_vce.metrics.lesion_froc` (the 9 pathology labels pooled; a lesion is found when a shown segment
-overlaps it):
+(same split and seeds; for each noise level of :data:`monai_vce.postprocessing.simulate.NOISE_LEVELS` or family of
+:data:`~monai_vce.postprocessing.simulate.NOISE_FAMILIES`, ``--levels ramp white ...``), and these decoders are
+scored on the held-out videos with :func:`monai_vce.metrics.lesion_froc` (the 9 pathology labels pooled; a lesion
+is found when a shown segment overlaps it):
 
 - ``challenge (tuned)``: the challenge profile (:func:`~monai_vce.postprocessing.tune_decoder`), unscored: one
   operating point, whatever it emits;
@@ -22,6 +23,7 @@ Usage (from the repository root)::
     python benchmarks/screening.py            # 3 noise levels, 60/20 split, seed 0
     python benchmarks/screening.py --quick    # 16 videos (12/4)
     python benchmarks/screening.py --levels medium --budgets 2 --unseen-device --calibration platt --seed 3
+    python benchmarks/screening.py --levels ramp white correlated red blind bursts miscalibrated --budgets 2 4 --seed 11
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from monai_vce.events import Video
 from monai_vce.labels import LABELS, PATHOLOGY
 from monai_vce.metrics import lesion_froc, metrics_by_group, temporal_map
 from monai_vce.postprocessing import (
+    NOISE_FAMILIES,
     NOISE_LEVELS,
     DecoderParams,
     EventDecoder,
@@ -55,7 +58,9 @@ RATES = ("0.5", "1", "2", "4", "8")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gt", default=GALAR, required=GALAR is None, help="ground-truth event JSON")
-    parser.add_argument("--levels", nargs="+", default=list(NOISE_LEVELS), help="noise levels")
+    parser.add_argument(
+        "--levels", nargs="+", default=list(NOISE_LEVELS), choices=[*NOISE_LEVELS, *NOISE_FAMILIES], help="noise"
+    )
     parser.add_argument("--tune-videos", type=int, default=60, help="videos used for tuning; the rest are held out")
     parser.add_argument("--budgets", type=float, nargs="+", default=[2.0, 8.0], help="screening budgets F")
     parser.add_argument("--seed", type=int, default=0)
