@@ -253,10 +253,12 @@ def change_point_states(
     lookback: int,
     mask: torch.Tensor | None = None,
     lookahead: int = 0,
+    span: int = 1,
 ) -> torch.Tensor:
     """Step states of sequences: for each threshold ``h``, +1 where the last step within ``lookback`` frames went
     up by more than ``h``, -1 where it went down by more than ``h``, 0 where there was none; with ``lookahead``,
-    also the same states of the *next* step within ``lookahead`` frames ahead.
+    also the same states of the *next* step within ``lookahead`` frames ahead. A step is the difference of frames
+    ``span`` apart (``x[t] - x[t - span]``), so that a boundary ramped over up to ``span`` frames is one step.
 
     A frame model's evidence for a label jumps where the label starts or stops, while its errors on
     neighbouring frames are correlated and drift slowly; the difference of consecutive frames separates the two,
@@ -268,18 +270,22 @@ def change_point_states(
     Args:
         x: ``(N, 1, T)`` sequences (standardised logits).
         thresholds: step sizes, in the units of ``x``.
-        lookback: frames a step is remembered (outputs depend on no frame more than ``lookback + 1`` back).
+        lookback: frames a step is remembered.
         mask: optional ``(N, 1, T)`` 0/1 mask of real frames; no step is taken across or at a padded frame.
-        lookahead: frames before a step that see it (outputs then depend on frames up to ``lookahead + 1``
+        lookahead: frames before a step that see it (outputs then depend on frames up to ``lookahead + span``
             ahead); 0: no states of the next step.
+        span: frames between the two ends of a step (outputs depend on no frame more than ``lookback + span``
+            back).
 
     Returns:
         ``(N, len(thresholds), T)`` states in {-1, 0, 1} (0 on padded frames), followed with ``lookahead`` by
         ``len(thresholds)`` states of the next step (its sign: +1 for a step up).
     """
-    d = x[..., 1:] - x[..., :-1]
+    if span < 1:
+        raise ValueError(f"change_point_states: span must be >= 1, got {span}")
+    d = x[..., span:] - x[..., :-span]
     if mask is not None:
-        d = d * mask[..., 1:] * mask[..., :-1]
+        d = d * mask[..., span:] * mask[..., :-span]
     t = torch.arange(x.shape[-1], device=x.device).expand(*x.shape[:-1], -1)
     never = torch.full_like(t, -(1 << 40))
 
@@ -292,11 +298,11 @@ def change_point_states(
             states.append(torch.gather(sign, -1, last.clamp(min=0)) * ((t - last) <= window).to(x.dtype))
         return states
 
-    out = last_step(F.pad(d, (1, 0)), lookback)
+    out = last_step(F.pad(d, (span, 0)), lookback)
     if lookahead:
         # the next step out of frame t is the last step into the mirrored frame of the reversed sequence,
         # with the opposite sign
-        out += [-s.flip(-1) for s in last_step(F.pad(-d, (0, 1)).flip(-1), lookahead)]
+        out += [-s.flip(-1) for s in last_step(F.pad(-d, (0, span)).flip(-1), lookahead)]
     states = torch.cat(out, dim=1)
     return states if mask is None else states * mask
 
@@ -327,6 +333,8 @@ class LabelwiseTCN(nn.Module):
         lookahead: frames ahead of a step that also see it (the states of the next large step, mirroring
             ``lookback``): a frame then knows the steps on both sides of it, where a run it lies in starts and
             ends; 0: only the last step behind.
+        step_spans: frames between the two ends of a step, one set of step states per span (``(1,)``: one-frame
+            steps; longer spans also see boundaries ramped over up to that many frames).
 
     Example::
 
@@ -350,6 +358,7 @@ class LabelwiseTCN(nn.Module):
         change_points: Sequence[float] = (0.3, 0.5, 0.8, 1.2, 2.0),
         lookback: int = 128,
         lookahead: int = 128,
+        step_spans: Sequence[int] = (1,),
     ) -> None:
         super().__init__()
         if out_channels < 1 or in_channels < out_channels:
@@ -357,6 +366,9 @@ class LabelwiseTCN(nn.Module):
                 f"LabelwiseTCN reads its first out_channels={out_channels} inputs as per-label evidence; "
                 f"in_channels={in_channels} is less"
             )
+        spans = tuple(int(k) for k in step_spans)
+        if not spans or min(spans) < 1:
+            raise ValueError(f"LabelwiseTCN: step_spans must be one or more integers >= 1, got {list(step_spans)}")
         if min(layers, label_features, embedding, stages, lookback, lookahead) < 0 or channels < 1:
             raise ValueError(
                 "channels must be >= 1; layers, label_features, embedding, stages, lookback and lookahead >= 0"
@@ -376,16 +388,18 @@ class LabelwiseTCN(nn.Module):
             "change_points": [float(h) for h in change_points],
             "lookback": int(lookback),
             "lookahead": int(lookahead),
+            "step_spans": list(spans),
         }
         self.labels = int(out_channels)
         self.label_features = int(label_features)
         self.change_points = tuple(float(h) for h in change_points)
         self.lookback = int(lookback)
         self.lookahead = int(lookahead) if self.change_points else 0
+        self.step_spans = spans
         self.embedding = nn.Parameter(torch.empty(out_channels, embedding))
         nn.init.normal_(self.embedding, std=0.5)
         self.labelwise = SingleStageTCN(
-            1 + embedding + len(self.change_points) * (2 if self.lookahead else 1),
+            1 + embedding + len(self.change_points) * (2 if self.lookahead else 1) * len(spans),
             1 + label_features,
             channels,
             layers,
@@ -423,8 +437,8 @@ class LabelwiseTCN(nn.Module):
     def context(self) -> int:
         """Frames on each side of a frame that its output depends on."""
         stages = [self.labelwise, *self.context_stages]
-        # a step state looks one frame beyond its window: the step into its oldest frame
-        steps = max(self.lookback, self.lookahead) + 1 if self.change_points else 0
+        # a step state looks one span beyond its window: the step into its oldest frame
+        steps = max(self.lookback, self.lookahead) + max(self.step_spans) if self.change_points else 0
         return sum(int(s.context) for s in stages) + steps
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -444,7 +458,8 @@ class LabelwiseTCN(nn.Module):
         per_label = [seq, self.embedding.repeat(B, 1)[:, :, None].expand(B * C, -1, T)]
         m = None if mask is None else mask.repeat_interleave(C, dim=0)
         if self.change_points:
-            per_label.append(change_point_states(seq, self.change_points, self.lookback, m, self.lookahead))
+            for k in self.step_spans:
+                per_label.append(change_point_states(seq, self.change_points, self.lookback, m, self.lookahead, k))
         lw = self.labelwise(torch.cat(per_label, dim=1), m).reshape(B, C, 1 + self.label_features, T)
         out = evidence * self.skip_scale[:, None] + self.skip_bias[:, None] + lw[:, :, 0]
         if mask is not None:

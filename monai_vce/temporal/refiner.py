@@ -108,6 +108,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "lookahead": (0, 1 << 20),
 }
 _MAX_CHANGE_POINTS = 64
+_MAX_STEP_SPANS = 16
 #: Members an ensemble file may hold (cross-fitting folds are a handful).
 _MAX_MEMBERS = 256
 
@@ -150,6 +151,15 @@ def _check_network_sizes(kwargs: Mapping[str, Any]) -> None:
         ):
             raise ValueError(
                 f"network change_points must be a list of at most {_MAX_CHANGE_POINTS} finite numbers, "
+                f"got {_short(value)}"
+            )
+        elif key == "step_spans" and (
+            not isinstance(value, list | tuple)
+            or not 1 <= len(value) <= _MAX_STEP_SPANS
+            or not all(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 4096 for k in value)
+        ):
+            raise ValueError(
+                f"network step_spans must be a list of 1 to {_MAX_STEP_SPANS} integers in [1, 4096], "
                 f"got {_short(value)}"
             )
 
