@@ -39,6 +39,7 @@ from .probabilities import (
     probability_files,
     save_video_probs,
     video_file_name,
+    videos_units,
 )
 from .runs import run_bounds, run_spans, value_runs
 from .units import FrameUnits, as_frame_units
@@ -95,6 +96,7 @@ __all__ = [
     # probability files
     "PROBS_SUFFIX",
     "Video",
+    "videos_units",
     "video_file_name",
     "probability_file",
     "probability_files",

@@ -13,7 +13,7 @@ from monai_vce.labels import NUM_LABELS
 
 from .composition import compose_runs, events_to_frames, runs_to_events
 from .probabilities import Video
-from .units import FrameUnits
+from .units import FrameUnits, as_frame_units
 
 __all__ = ["ground_truth_events", "with_ground_truth"]
 
@@ -59,16 +59,18 @@ def ground_truth_events(
 
 
 def with_ground_truth(video: Video, events: Sequence[Mapping[str, Any]], frame_units: FrameUnits | str) -> Video:
-    """A copy of ``video`` with its ground-truth ``events`` (in ``frame_units``) and the ``targets`` they mark.
+    """A copy of ``video`` with its ground-truth ``events`` (in ``frame_units``, its :attr:`~Video.units` from here
+    on) and the ``targets`` they mark.
 
-    This is where ground truth meets rows: the frame ids of ``frame_units`` are picked once, and every consumer
-    (decoder tuning, refiner fitting) reads ``events`` with those ids and ``targets`` by row.
+    This is where ground truth meets rows: the frame units are chosen once, and every consumer (decoder tuning,
+    refiner fitting, scoring) reads ``events`` with ``video.frame_ids()`` and ``targets`` by row.
 
     Raises:
         ValueError: an event that is not a valid event (the message names the video).
     """
+    units = as_frame_units(frame_units)
     try:
-        targets = events_to_frames(events, video.frame_ids(frame_units)).astype(np.float32)
+        targets = events_to_frames(events, video.frame_ids(units)).astype(np.float32)
     except ValueError as e:
         raise ValueError(f"video {video.video_id!r}: {e}") from None
-    return video.replace(events=list(events), targets=targets)
+    return video.replace(events=list(events), targets=targets, units=units)

@@ -29,6 +29,7 @@ __all__ = [
     "MAX_FRAME_RATE",
     "Video",
     "check_frame_rate",
+    "videos_units",
     "video_file_name",
     "video_id_of_file_name",
     "check_video_ids",
@@ -73,8 +74,11 @@ class Video:
         source: what produced the probabilities (``""`` when unknown).
         inferred: ``(T,)`` bool mask of the frames that went through the network (reduced inference), or
             ``None`` when every frame did.
-        events: the ground-truth events, in the frame units of whoever attached them
-            (:func:`~monai_vce.events.ground_truth.with_ground_truth`), or ``None``.
+        events: the ground-truth events, in ``units``, or ``None``.
+        units: the frame units of ``events`` (a :class:`~monai_vce.events.FrameUnits`), chosen once where the ground
+            truth is read (:func:`~monai_vce.events.ground_truth.with_ground_truth`); the frame ids
+            :meth:`frame_ids` gives by default, which decoding, tuning, scoring and the report read. ``None``: not
+            chosen (``frame_index``).
         frame_rate: frames per second of ``frame_number`` (the capsule's or the video file's frame counter), or
             ``None`` when unknown.
     """
@@ -89,6 +93,7 @@ class Video:
         "probs",
         "source",
         "targets",
+        "units",
         "video_id",
     )
 
@@ -104,6 +109,7 @@ class Video:
         inferred: np.ndarray | None = None,
         events: list[dict[str, Any]] | None = None,
         frame_rate: float | None = None,
+        units: FrameUnits | str | None = None,
     ) -> None:
         self.video_id = video_id
         self.probs = probs
@@ -115,6 +121,7 @@ class Video:
         self.inferred = inferred
         self.events = events
         self.frame_rate = check_frame_rate(frame_rate, f"video {short_repr(str(video_id), 60)}")
+        self.units = None if units is None else as_frame_units(units, "units")
 
     @property
     def rows_per_second(self) -> float | None:
@@ -132,9 +139,11 @@ class Video:
             return None
         return float(self.frame_number[-1] - self.frame_number[0] + 1) / self.frame_rate
 
-    def frame_ids(self, frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX) -> np.ndarray:
-        """The ``(T,)`` frame ids in ``frame_units`` (``"frame_index"`` or ``"frame_number"``)."""
-        return self.frame_index if as_frame_units(frame_units) is FrameUnits.FRAME_INDEX else self.frame_number
+    def frame_ids(self, units: FrameUnits | str | None = None) -> np.ndarray:
+        """The ``(T,)`` frame ids in ``units`` (``"frame_index"`` or ``"frame_number"``); ``None``: the video's own
+        :attr:`units` (``frame_index`` when not chosen)."""
+        chosen = self.units if units is None else as_frame_units(units, "units")
+        return self.frame_number if chosen is FrameUnits.FRAME_NUMBER else self.frame_index
 
     def replace(self, **changes: Any) -> Video:
         """A shallow copy with the given attributes replaced."""
@@ -146,6 +155,22 @@ class Video:
 
     def __len__(self) -> int:
         return int(self.frame_index.shape[0])
+
+
+def videos_units(videos: Iterable[Video]) -> FrameUnits:
+    """The one frame units of several videos' ground-truth events (:attr:`Video.units`; ``frame_index`` when none
+    chose them).
+
+    Raises:
+        ValueError: the videos' events count in different units.
+    """
+    found = {v.units for v in videos if v.units is not None}
+    if len(found) > 1:
+        raise ValueError(
+            f"the videos' ground-truth events count in different frame units ({sorted(u.value for u in found)}); "
+            "read them all in one"
+        )
+    return found.pop() if found else FrameUnits.FRAME_INDEX
 
 
 #: Largest frame rate accepted (frames per second); capsules record 0.5-35, video files up to a few hundred.

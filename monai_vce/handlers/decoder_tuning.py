@@ -4,7 +4,6 @@ metric, and ``decoder.json`` fitted on all of them.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -54,7 +53,7 @@ class DecoderTuningHandler:
             ``None`` starts from the defaults.
         tune_kwargs: more keyword arguments for ``tune_fn`` (grids, rounds, ...).
         tune_fn: the fitting function ``({video_id: Video}, **tune_kwargs) -> DecoderParams`` (the videos carry
-            their ground-truth ``events`` in ``frame_units``); default :func:`monai_vce.postprocessing.tune_decoder`.
+            their ground-truth ``events`` and its ``units``, ``frame_units``); default :func:`monai_vce.postprocessing.tune_decoder`.
         folds: folds of the held-out decoding (:meth:`held_out_events`).
         seed: seed of the fold assignment.
         collector: the validation's shared :class:`~monai_vce.handlers.VideoFrameCollector`; ``None`` creates
@@ -139,7 +138,8 @@ class DecoderTuningHandler:
         return DecoderParams.from_thresholds(thresholds)
 
     def fit(self, videos: Mapping[str, Video], thresholds: Any = None) -> DecoderParams:
-        """Fit the decoder on ``videos`` (``{video_id: Video}`` with ground-truth events in ``frame_units``).
+        """Fit the decoder on ``videos`` (``{video_id: Video}`` with ground-truth events, as the collector's
+        :meth:`~monai_vce.handlers.VideoFrameCollector.labelled_videos`).
 
         Args:
             videos: the videos to fit on.
@@ -149,8 +149,6 @@ class DecoderTuningHandler:
         base = self._base(thresholds)
         if base is not None:
             kwargs["base"] = base
-        if "frame_units" in inspect.signature(self.tune_fn).parameters:
-            kwargs.setdefault("frame_units", self.frame_units)
         self._count()
         result = self.tune_fn(dict(videos), **kwargs)
         params = result[0] if isinstance(result, tuple) else result
@@ -172,9 +170,7 @@ class DecoderTuningHandler:
         """
         generation = self.collector.generation
         if self._held_out is None or self._held_out[0] != generation:
-            events = cross_fitted_events(
-                inputs, folds=self.folds, seed=self.seed, fit=self._fold_fit, frame_units=self.frame_units
-            )
+            events = cross_fitted_events(inputs, folds=self.folds, seed=self.seed, fit=self._fold_fit)
             self._held_out = (generation, events)
         return self._held_out[1]
 
@@ -209,9 +205,7 @@ class DecoderTuningHandler:
             reference.save(self.reference_file)
             self.logger.info(f"validation score distribution (per-exam recalibration) saved: {self.reference_file}")
         if self.screening_file is not None:
-            screening = tune_decoder(
-                dict(inputs), base=params, profile="screening", frame_units=self.frame_units, **self.screening_kwargs
-            )
+            screening = tune_decoder(dict(inputs), base=params, profile="screening", **self.screening_kwargs)
             screening.save(self.screening_file)
             expected = screening["fit"]["screening"]["expected"]
             self.logger.info(

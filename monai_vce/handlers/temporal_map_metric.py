@@ -58,13 +58,12 @@ def threshold_decoder(probs: np.ndarray, frame_ids: np.ndarray, threshold: float
 class _CrossFitted:
     """``decoder="cross_fitted"``: :func:`~monai_vce.postprocessing.tuning.cross_fitted_events` with defaults."""
 
-    def __init__(self, folds: int, tune_kwargs: Mapping[str, Any], frame_units: FrameUnits) -> None:
+    def __init__(self, folds: int, tune_kwargs: Mapping[str, Any]) -> None:
         self.folds = folds
         self.tune_kwargs = dict(tune_kwargs)
-        self.frame_units = frame_units
 
     def held_out_events(self, inputs: Mapping[str, Video]) -> Mapping[str, list[dict[str, Any]]] | None:
-        return cross_fitted_events(inputs, folds=self.folds, frame_units=self.frame_units, **self.tune_kwargs)
+        return cross_fitted_events(inputs, folds=self.folds, **self.tune_kwargs)
 
 
 class TemporalMAPMetric(Metric):
@@ -125,8 +124,7 @@ class TemporalMAPMetric(Metric):
         self.folds = int(folds)
         self.tune_kwargs = {"rounds": 1, **(tune_kwargs or {})}
         if decoder == "cross_fitted":
-            cf_units = collector.frame_units if collector is not None else as_frame_units(frame_units)
-            decoder = _CrossFitted(self.folds, self.tune_kwargs, cf_units)
+            decoder = _CrossFitted(self.folds, self.tune_kwargs)
         self.decoder: Any = decoder if decoder is not None else threshold_decoder
         self.tiou_threshold = float(tiou_threshold)
         self.tiou_thresholds = tuple(dict.fromkeys([self.tiou_threshold, *map(float, tiou_thresholds)]))
@@ -181,14 +179,14 @@ class TemporalMAPMetric(Metric):
         if not inputs:
             raise NotComputableError(f"{type(self).__name__} must have at least one frame before it can be computed")
         gt = {vid: v.events or [] for vid, v in inputs.items()}
-        units = self.collector.frame_units
         if isinstance(self.decoder, HeldOutDecoder):
             pred = self._held_out(inputs)
         else:
-            # an EventDecoder converts windows given in seconds at each video's row rate (decode)
+            # an EventDecoder converts windows given in seconds at each video's row rate (decode); the videos'
+            # frame ids are those of their ground truth (the collector's units)
             dec = self.decoder
             pred = {
-                vid: list(dec.decode(v, units) if isinstance(dec, EventDecoder) else dec(v.probs, v.frame_ids(units)))
+                vid: list(dec.decode(v) if isinstance(dec, EventDecoder) else dec(v.probs, v.frame_ids()))
                 for vid, v in inputs.items()
             }
             self.protocol = (
@@ -211,8 +209,7 @@ class TemporalMAPMetric(Metric):
                 f"held out: {len(inputs)} video(s), too few to cross-fit in {folds} folds, decoded by the untuned "
                 "default threshold decoder (0.5); nothing was fitted on them"
             )
-            units = self.collector.frame_units
-            return {vid: list(threshold_decoder(v.probs, v.frame_ids(units))) for vid, v in inputs.items()}
+            return {vid: list(threshold_decoder(v.probs, v.frame_ids())) for vid, v in inputs.items()}
         self.protocol = (
             f"held out: each video decoded by a decoder tuned on the other folds of {folds} folds of the scored videos "
             "(cross-fitting); no parameter was fitted on the video it decodes"

@@ -406,12 +406,13 @@ class VideoFrameCollector:
         return self._assemble()
 
     def labelled_videos(self) -> dict[str, Video]:
-        """The epoch's videos with their ground-truth ``events`` in ``frame_units``, the same objects for every
-        consumer of the epoch (the metric, the decoder's tuning)."""
+        """The epoch's videos with their ground-truth ``events`` in ``frame_units`` (their ``units``), the same
+        objects for every consumer of the epoch (the metric, the decoder's tuning)."""
         if self._labelled is None:
             units = self.frame_units
             self._labelled = {
-                vid: v.replace(events=self._ground_truth(v, v.frame_ids(units))) for vid, v in self.videos().items()
+                vid: v.replace(events=self._ground_truth(v, v.frame_ids(units)), units=units)
+                for vid, v in self.videos().items()
             }
         return self._labelled
 

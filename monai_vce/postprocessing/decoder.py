@@ -16,7 +16,6 @@ import numpy as np
 
 from ..events.composition import RANKINGS, compose_runs, confidence_order, event_json, run_confidence, runs_to_events
 from ..events.probabilities import Video
-from ..events.units import FrameUnits
 from ..labels import LABELS, NUM_LABELS
 from .chain import CHAIN_STEPS
 from .core import SECTION_COLUMNS, column_sections, decode_columns, gate_landmark_columns, section_sequence
@@ -181,11 +180,11 @@ class EventDecoder:
         mask, _ = self._masks(probs)
         return self.compose(mask, frame_ids, probs)
 
-    def decode(self, video: Video, frame_units: FrameUnits | str | None = None) -> list[dict[str, Any]]:
-        """Events of one :class:`~monai_vce.events.Video`, with its frame ids in ``frame_units`` (``None``: the
-        parameters' ``frame_units``)."""
-        units = self.params.frame_units if frame_units is None else frame_units
-        return self(video.probs, video.frame_ids(units), str(video.video_id), video.rows_per_second)
+    def decode(self, video: Video) -> list[dict[str, Any]]:
+        """Events of one :class:`~monai_vce.events.Video` in the frame units of its ground truth
+        (:attr:`~monai_vce.events.Video.units`, chosen where it was read), else in the parameters' ``frame_units``."""
+        ids = video.frame_ids(video.units or self.params.frame_units)
+        return self(video.probs, ids, str(video.video_id), video.rows_per_second)
 
     def compose(self, mask: np.ndarray, frame_ids: np.ndarray, probs: np.ndarray) -> list[dict[str, Any]]:
         """Compose events from a final mask and order them by confidence; with ``params["scores"]`` each event
@@ -252,14 +251,14 @@ def event_scores(
 def decode_videos(
     videos: Mapping[str, Video] | Iterable[Video],
     decoder: EventDecoder | DecoderParams | Mapping | str | os.PathLike | None = None,
-    frame_units: FrameUnits | str | None = None,
 ) -> dict[str, Any]:
     """Decode several videos into one challenge event JSON object.
+
+    Each video's events count in its :attr:`~monai_vce.events.Video.units` (:meth:`EventDecoder.decode`).
 
     Args:
         videos: :class:`~monai_vce.events.Video` records (or a mapping of them), listed in this order.
         decoder: an :class:`EventDecoder` or anything :class:`EventDecoder` accepts.
-        frame_units: the frame ids the events count in; ``None`` takes the decoder's ``frame_units``.
 
     Returns:
         ``{"videos": [{"video_id": str, "events": [...]}]}`` with each video's events most confident first; each
@@ -267,9 +266,8 @@ def decode_videos(
     """
     if not isinstance(decoder, EventDecoder):
         decoder = EventDecoder(decoder)
-    units = decoder.params.frame_units if frame_units is None else frame_units
     items = videos.values() if isinstance(videos, Mapping) else videos
-    events = {str(v.video_id): decoder.decode(v, units) for v in items}
+    events = {str(v.video_id): decoder.decode(v) for v in items}
     return event_json(events, scores=bool(decoder.params.get("scores", False)))
 
 

@@ -17,9 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ..events.probabilities import Video
+from ..events.probabilities import Video, videos_units
 from ..events.runs import run_bounds, run_spans
-from ..events.units import FrameUnits, as_frame_units
 from ..labels import LABELS, PATHOLOGY
 from ..metrics.lesions import label_runs
 from .chain import CHAIN_STEPS
@@ -38,7 +37,7 @@ _PATHOLOGY_COLUMNS = np.array([LABELS.index(n) for n in PATHOLOGY])
 
 
 def _label_curves(
-    videos: Sequence[Video], base: DecoderParams, frame_units: FrameUnits, grid: np.ndarray
+    videos: Sequence[Video], base: DecoderParams, grid: np.ndarray
 ) -> tuple[dict[str, dict[str, Any]], int]:
     """Per pathology label and candidate threshold: false-alarm segments, lesions found and frames shown, summed
     over videos; and the videos' frames in all."""
@@ -52,7 +51,7 @@ def _label_curves(
     total = np.zeros(len(PATHOLOGY), dtype=np.int64)
     frames = 0
     for v in videos:
-        probs, ids = check_probabilities(v.probs, v.frame_ids(frame_units), str(v.video_id))
+        probs, ids = check_probabilities(v.probs, v.frame_ids(), str(v.video_id))
         if probs.shape[0] == 0:
             continue
         frames += int(ids[-1] - ids[0] + 1)
@@ -174,7 +173,6 @@ def tune_screening(
     videos: Sequence[Video] | Mapping[str, Video],
     base: DecoderParams | Mapping[str, Any] | None = None,
     false_alarms_per_exam: float = 2.0,
-    frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
     thresholds: Sequence[float] = SCREENING_THRESHOLDS,
     max_frames_share: float = 0.01,
 ) -> DecoderParams:
@@ -187,10 +185,9 @@ def tune_screening(
     false-alarm events per exam in all.
 
     Args:
-        videos: validation videos with ground-truth ``events`` in ``frame_units``.
+        videos: validation videos with ground-truth ``events`` (in their ``units``, recorded in the parameters).
         base: starting parameters (e.g. the challenge profile's); the paper's chain when ``None``.
         false_alarms_per_exam: the false-alarm budget of the operating point.
-        frame_units: the frame ids of the events.
         thresholds: candidate thresholds of each pathology label.
         max_frames_share: largest share of the validation frames one pathology label's events may cover at the
             operating point (the reading workload; the threshold showing fewest frames is always allowed).
@@ -200,8 +197,8 @@ def tune_screening(
         :func:`screening_operating_point` can move the operating point) and the expected operating point.
     """
     t0 = time.perf_counter()
-    units = as_frame_units(frame_units)
     vids = list(videos.values() if isinstance(videos, Mapping) else videos)
+    units = videos_units(vids)
     if not vids:
         raise ValueError("tune_screening needs at least one validation video")
     missing = [str(v.video_id) for v in vids if v.events is None]
@@ -221,7 +218,7 @@ def tune_screening(
     params = DecoderParams(data, source="screening parameters")
     if not 0 < max_frames_share <= 1:
         raise ValueError(f"max_frames_share must be in (0, 1], got {max_frames_share!r}")
-    curves, frames = _label_curves(vids, params, units, grid)
+    curves, frames = _label_curves(vids, params, grid)
     chosen = _allocate(curves, false_alarms_per_exam * len(vids), max_frames_share * frames)
     for name, t in chosen.items():
         data["labels"][name]["threshold"] = t

@@ -13,9 +13,8 @@ from typing import Any
 import numpy as np
 
 from ..events.composition import RANKINGS, confidence_order, event_json, label_codes, run_confidence
-from ..events.probabilities import Video
+from ..events.probabilities import Video, videos_units
 from ..events.runs import run_bounds, run_spans
-from ..events.units import FrameUnits, as_frame_units
 from ..labels import LABELS, NUM_LABELS, PATHOLOGY, SECTIONS
 from ..metrics.temporal_map import average_precision, temporal_map
 from .anatomy import DEFAULT_ANATOMY_GRID, section_gate
@@ -96,11 +95,11 @@ def label_segments(column: np.ndarray, breaks: np.ndarray | None = None) -> tupl
 class _Video:
     """The tuner's working view of one :class:`~monai_vce.events.Video`: per-label ground truth and state."""
 
-    def __init__(self, video: Video, frame_units: FrameUnits) -> None:
+    def __init__(self, video: Video) -> None:
         self.name = name = str(video.video_id)
         if video.events is None:
             raise ValueError(f"video {name!r}: no ground-truth events to tune on (see with_ground_truth)")
-        self.probs, self.frame_ids = check_probabilities(video.probs, video.frame_ids(frame_units), name)
+        self.probs, self.frame_ids = check_probabilities(video.probs, video.frame_ids(), name)
         self.T = self.probs.shape[0]
         index = {n: i for i, n in enumerate(LABELS)}
         segs: list[list[tuple[int, int]]] = [[] for _ in LABELS]
@@ -408,7 +407,6 @@ def tune_decoder(
     base: DecoderParams | Mapping[str, Any] | None = None,
     composition: str = "label_set",
     anatomy: bool = True,
-    frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
     grids: Mapping[str, Sequence] | None = None,
     rounds: int = 2,
     tiou_thresholds: Sequence[float] = (0.5, 0.95),
@@ -431,15 +429,14 @@ def tune_decoder(
     """Fit the decoder's parameters on validation videos by maximising temporal mAP (see ``docs/design/decoding.md``).
 
     Args:
-        videos: the validation videos (:class:`~monai_vce.events.Video` with ground-truth ``events`` in
-            ``frame_units``), or a mapping of them.
+        videos: the validation videos (:class:`~monai_vce.events.Video` with ground-truth ``events``), or a
+            mapping of them; the frame units of their events (:func:`~monai_vce.events.videos_units`) are recorded
+            in the parameters (``frame_units``).
         base: starting parameters (order, anatomy settings, ...); the paper's chain when ``None``.
             With ``profile`` ``"paper"`` or ``"authors"`` only its per-label thresholds are kept (e.g. the F1
             thresholds of :meth:`DecoderParams.from_thresholds`).
         composition: ``"label_set"`` or ``"per_label"`` event composition, fixed during tuning.
         anatomy: turn anatomy decoding on (sections by Viterbi, landmarks near boundaries).
-        frame_units: the frame ids of the videos' events (``"frame_index"`` or ``"frame_number"``), recorded
-            in the parameters.
         grids: candidate values per chain parameter (keys of :data:`DEFAULT_GRIDS`); a key left out is not tuned.
             ``default_grids(optional=True)`` adds the steps that are off by default (``"hysteresis"``, ``"duration"``).
         rounds: coordinate-ascent rounds over all labels.
@@ -502,7 +499,6 @@ def tune_decoder(
         base,
         composition=composition,
         anatomy=anatomy,
-        frame_units=frame_units,
         grids=grids,
         rounds=rounds,
         tiou_thresholds=tiou_thresholds,
@@ -564,7 +560,6 @@ def _tune_decoder(
     base: DecoderParams | Mapping[str, Any] | None,
     composition: str,
     anatomy: bool,
-    frame_units: FrameUnits | str,
     grids: Mapping[str, Sequence] | None,
     rounds: int,
     tiou_thresholds: Sequence[float],
@@ -586,10 +581,10 @@ def _tune_decoder(
     t0 = time.perf_counter()
     if profile not in DECODER_PROFILES:
         raise ValueError(f"profile: unknown decoder profile {profile!r}; expected one of {list(DECODER_PROFILES)}")
-    units = as_frame_units(frame_units)
+    units = videos_units(videos)
     if profile == "screening":
-        return tune_screening(videos, base, false_alarms_per_exam, units)
-    vids = [_Video(v, units) for v in videos]
+        return tune_screening(videos, base, false_alarms_per_exam)
+    vids = [_Video(v) for v in videos]
     if not vids:
         raise ValueError("tune_decoder needs at least one validation video")
     ths = tuple(float(t) for t in tiou_thresholds)
@@ -753,7 +748,6 @@ def cross_fitted_events(
     folds: int = 2,
     seed: int = 0,
     fit: Callable[[dict[str, Video]], Any] | None = None,
-    frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX,
     **tune_kwargs: Any,
 ) -> dict[str, list[dict[str, Any]]] | None:
     """Decode every video with a decoder fitted on the other videos only: the honest held-out decoding.
@@ -768,7 +762,6 @@ def cross_fitted_events(
         seed: seed of the fold assignment.
         fit: ``{video_id: Video} -> DecoderParams`` (or anything :class:`EventDecoder` accepts); default
             :func:`tune_decoder` with ``tune_kwargs``.
-        frame_units: the frame ids of the events (also passed on to :func:`tune_decoder`).
         tune_kwargs: keyword arguments of :func:`tune_decoder` when ``fit`` is ``None``.
 
     Returns:
@@ -778,8 +771,7 @@ def cross_fitted_events(
     vids = sorted(videos)
     if len(vids) < max(2, int(folds)):
         return None
-    units = as_frame_units(frame_units)
-    fit_fn = fit if fit is not None else (lambda train: tune_decoder(train, frame_units=units, **tune_kwargs))
+    fit_fn = fit if fit is not None else (lambda train: tune_decoder(train, **tune_kwargs))
     fold = video_folds(len(vids), folds, seed)
     pred: dict[str, list[dict[str, Any]]] = {}
     for k in range(int(fold.max()) + 1):
@@ -787,5 +779,5 @@ def cross_fitted_events(
         decoder = EventDecoder(fit_fn(train))
         for v, f in zip(vids, fold, strict=True):
             if f == k:
-                pred[v] = list(decoder.decode(videos[v], units))
+                pred[v] = list(decoder.decode(videos[v]))
     return pred

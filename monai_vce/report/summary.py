@@ -214,15 +214,14 @@ def format_seconds(seconds: float | None) -> str:
     return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
 
 
-def flagged_seconds(
-    video: Video, events: Sequence[Mapping[str, Any]], frame_units: FrameUnits | str = FrameUnits.FRAME_INDEX
-) -> float | None:
+def flagged_seconds(video: Video, events: Sequence[Mapping[str, Any]]) -> float | None:
     """Seconds of a video under at least one predicted pathology event (what a reader must look at): the rows
-    covered over the video's row rate; ``None`` when its frame rate is unknown."""
+    covered over the video's row rate; ``None`` when its frame rate is unknown. The events count in the video's
+    :attr:`~monai_vce.events.Video.units`."""
     rate = video.rows_per_second
     if rate is None:
         return None
-    ids = video.frame_ids(frame_units)
+    ids = video.frame_ids()
     spans = [(int(e["start"]), int(e["end"])) for e in events if any(n in PATHOLOGY for n in e["label"])]
     if not spans or not len(ids):
         return 0.0
@@ -806,9 +805,9 @@ def _write_report_files(
             npz = probability_file(probs_path, vid)
             if not npz.is_file():
                 raise FileNotFoundError(f"probability file {npz} of video {vid!r} not found")
-            video = load_video_probs(npz)
-            probs, ids = video.probs, video.frame_ids(units)
-            flagged = flagged_seconds(video, pred_videos[vid], units)
+            video = load_video_probs(npz).replace(units=units)  # the units of the event files, chosen once
+            probs, ids = video.probs, video.frame_ids()
+            flagged = flagged_seconds(video, pred_videos[vid])
             durations[vid] = {"duration": video.duration_seconds(), "flagged": flagged}
             _check_range(npz, vid, ids, pred_videos[vid], "predicted", units)
             if gt_videos is not None:

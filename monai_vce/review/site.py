@@ -21,7 +21,7 @@ import numpy as np
 from monai_vce.data.video import video_source
 from monai_vce.events.metadata import events_in_common_units
 from monai_vce.events.probabilities import Video, check_video_ids, probability_file, video_file_name
-from monai_vce.events.units import FrameUnits, as_frame_units
+from monai_vce.events.units import FrameUnits
 from monai_vce.labels import ANATOMY, LABELS, PATHOLOGY, SECTIONS
 from monai_vce.metrics import check_events, load_events
 from monai_vce.review.exams import ExamFrames, event_rows, frames_by_video, has_probs, load_exam, peak_row
@@ -177,7 +177,6 @@ def exam_data(
     video: Video,
     frames: ExamFrames,
     events: Sequence[Mapping[str, Any]],
-    frame_units: FrameUnits | str,
     page_dir: Path,
     strip_frames: int = 1500,
     max_event_thumbnails: int = 1000,
@@ -187,10 +186,10 @@ def exam_data(
     """The data of one exam page, the images it needs and its index entry.
 
     Args:
-        video: the exam's rows (:func:`~monai_vce.review.exams.load_exam`), its ``events`` the ground truth.
+        video: the exam's rows (:func:`~monai_vce.review.exams.load_exam`), its ``events`` the ground truth, its
+            ``units`` the frame units of both event lists (the site's frame ids; ``None``: ``frame_index``).
         frames: where the rows' frames are.
         events: the predicted events (confidence order).
-        frame_units: frame units of the events (the site's frame ids).
         page_dir: the folder of the exam's page (relative links to the frames start there).
         strip_frames: timeline thumbnails (sampled evenly).
         max_event_thumbnails: events (in confidence order) that get their own thumbnails.
@@ -200,8 +199,8 @@ def exam_data(
     Returns:
         ``(data, image job, index entry)``.
     """
-    units = as_frame_units(frame_units).value
-    ids = video.frame_ids(units)
+    units = (video.units or FrameUnits.FRAME_INDEX).value
+    ids = video.frame_ids()
     t = len(video)
     name = exam_file_name(video.video_id)
     pred = [dict(e) for e in events]
@@ -443,13 +442,14 @@ def write_review_site(
             probs_file=npz,
             frame_rate=frame_rate,
         )
-        ids = video.frame_ids(units)
+        video = video.replace(units=units)  # the units read beside the event files, chosen once here
+        ids = video.frame_ids()
         _check_range(vid, ids, pred_videos[vid], "predicted", units)
         if video.events is not None:
             _check_range(vid, ids, video.events, "ground-truth", units)
         if npz is not None:
             video.probs = _checked_probs(video.probs, ids, npz, vid, units)
-        data, job, entry = exam_data(video, exam_frames, pred_videos[vid], units, exams_dir, **params)
+        data, job, entry = exam_data(video, exam_frames, pred_videos[vid], exams_dir, **params)
         pages.append((data["name"], data))
         jobs.append(job)
         entries.append(entry)

@@ -215,7 +215,6 @@ def fit_temporal_stage(
         targets = np.concatenate([tuning_videos[v].targets for v in ids])  # type: ignore[misc]
         thresholds = np.asarray(optimize_thresholds(refined, targets))
         tune_kwargs["base"] = DecoderParams.from_thresholds(dict(zip(LABELS, thresholds.tolist(), strict=True)))
-    tune_kwargs.setdefault("frame_units", units)
     say(f"temporal stage: tuning the decoder on the out-of-fold refined probabilities of {len(ids)} videos")
     params = tune_decoder(tuning_videos, **tune_kwargs)
     objectives: dict[str, float] = {"temporal": float(params["fit"]["objective"])}
