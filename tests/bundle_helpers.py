@@ -31,8 +31,8 @@ DEMO = str(CONFIGS / "demo.json")
 FRAME_CACHE = str(CONFIGS / "frame_cache.json")
 MULTI_GPU_TRAIN = str(CONFIGS / "multi_gpu_train.json")
 METADATA = str(CONFIGS / "metadata.json")
-#: MONAI's published metadata schema (metadata.json's ``schema``), copied with its source: tests/data/model_zoo/README.md.
-SCHEMA = str(REPO / "tests" / "data" / "model_zoo" / "meta_schema_20240725.json")
+#: MONAI's published metadata schema (metadata.json's ``schema``), copied with its source: tests/testing_data/model_zoo/README.md.
+SCHEMA = str(REPO / "tests" / "testing_data" / "model_zoo" / "meta_schema_20240725.json")
 SCHEMA_SHA256 = "d95c74c2915faef04ff6a2d6bd865da922bc8cd5afb4a0719b2dc6e1220528e7"
 
 

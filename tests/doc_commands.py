@@ -10,7 +10,7 @@ commands are:
   configs (``bundle/configs/demo.json`` aside);
 - ```` ```bash setup ````: installing and testing (not run by the test);
 - ```` ```bash external ````: another application's commands (MONAI Label's server, a MONAI Deploy application, the
-  distributable bundle), run by ``tests/test_integrations.py`` in their own environments.
+  distributable bundle), run by ``tests/bundle/test_integrations.py`` in their own environments.
 
 A ```` ```json NAME.json ```` block is a file that commands below it use: the test writes it under that name.
 Any other tag is an error, so that a new command is never silently left out.

@@ -60,7 +60,7 @@ def test_documented_commands_run_as_printed_on_the_demo(tmp_path):
         ROOT / "bundle", repo / "bundle", ignore=shutil.ignore_patterns("demo", "eval", "*.pt", "*.ts", "__pycache__")
     )
     # the schema copy the offline verify_metadata command names
-    shutil.copytree(ROOT / "tests" / "data" / "model_zoo", repo / "tests" / "data" / "model_zoo")
+    shutil.copytree(ROOT / "tests" / "testing_data" / "model_zoo", repo / "tests" / "testing_data" / "model_zoo")
     demo_json = repo / "bundle" / "configs" / "demo.json"
     demo_json.write_text(json.dumps({**json.loads(demo_json.read_text()), **TINY_DEMO}, indent=4))
     for name, text in found["files"].items():

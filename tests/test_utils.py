@@ -41,7 +41,7 @@ def test_atomic_npz(tmp_path):
 
 
 def test_output_lock_is_shared_within_a_process_and_taken_over_when_stale(tmp_path):
-    # another process holding the lock is refused: tests/test_faults.py runs real processes for that
+    # another process holding the lock is refused: tests/hardening/test_faults.py runs real processes for that
     with OutputLock(tmp_path) as first:
         with OutputLock(tmp_path) as second:  # a second workflow of the same run
             assert first.held and second.held

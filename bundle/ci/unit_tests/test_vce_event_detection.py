@@ -16,7 +16,7 @@ Copy this file to model-zoo's ``ci/unit_tests/test_vce_event_detection.py`` and 
 ``bundle_root`` relative to the working folder (model-zoo's root), and needs ``monai_vce`` installed
 (``pip install --no-index --find-links models/vce_event_detection/wheels monai-vce``) and ``parameterized``
 (model-zoo's requirements-dev.txt). monai-vce's own tests run it on the distributable bundle
-(tests/test_model_zoo.py).
+(tests/bundle/test_model_zoo.py).
 
 The inference runs on the CPU with the demo's tiny network (``configs/demo.json`` and ``configs/demo_metadata.json``
 over ``inference.json`` and ``metadata.json``): the bundle ships no weights (``large_files.yml``), so the test makes a

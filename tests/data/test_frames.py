@@ -148,7 +148,7 @@ def test_prepare_batch_scales_on_device():
 
 def test_checked_decoder_gives_the_pixels_of_torchvision(tmp_path):
     """The checked Pillow decoding of valid frames equals torchvision's ``decode_png`` (used before; it crashes the
-    process on damaged files, see tests/test_hardening.py), for 8-bit RGB and 16-bit grayscale frames."""
+    process on damaged files, see tests/hardening/test_hardening.py), for 8-bit RGB and 16-bit grayscale frames."""
     from torchvision.io import ImageReadMode, decode_png
 
     from monai_vce.data.frames import _to_uint8, resize_frame

@@ -5,11 +5,11 @@ What model-zoo runs on a bundle (Project-MONAI/model-zoo at dfae206: ``ci/run_pr
 ``pyproject.toml``, ``.pre-commit-config.yaml``), done here on one bundle made once for the module, in a folder laid out
 as model-zoo's root (``<root>/models/vce_event_detection``):
 
-1. ``verify_metadata`` against MONAI's published schema (tests/data/model_zoo, checked by its sha256).
+1. ``verify_metadata`` against MONAI's published schema (tests/testing_data/model_zoo, checked by its sha256).
 2. ``verify_bundle_directory``'s file checks, on a copy holding demo-sized weights in ``models/model.pt``.
 3. ``verify_net_in_out`` as ``verify_bundle.py`` calls it.
 4. ``ckpt_export`` (scripted) as ``verify_bundle.py`` calls it, and the exported module against the eager network.
-5. isort, black and flake8 with model-zoo's settings (tests/data/model_zoo/setup.cfg) on the Python files that go
+5. isort, black and flake8 with model-zoo's settings (tests/testing_data/model_zoo/setup.cfg) on the Python files that go
    into model-zoo, and the file hooks of its pre-commit configuration.
 6. the bundle's model-zoo unit test (bundle/ci/unit_tests/test_vce_event_detection.py), run by ``unittest`` from the
    model-zoo-like root, as model-zoo's ``runner.py`` runs it.
@@ -17,7 +17,7 @@ as model-zoo's root (``<root>/models/vce_event_detection``):
 Steps 3, 4 and 6 use the demo's tiny network (``configs/demo.json`` and ``configs/demo_metadata.json`` over
 ``inference.json`` and ``metadata.json``): the BiomedCLIP-size network takes minutes to script and to run on 2 CPU
 cores (model-zoo runs these checks, its "full" mode, on a GPU), and the bundle ships no weights. The shipped
-network's shape check runs in tests/test_bundle_dist.py.
+network's shape check runs in tests/bundle/test_bundle_dist.py.
 
 Not done here, because they need the network (each replaced by what can be checked offline):
 
@@ -26,7 +26,7 @@ Not done here, because they need the network (each replaced by what can be check
   each entry is checked to make a valid ``monai.apps.download_url`` call, nothing is downloaded.
 * ``ci/get_bundle_requirements.py`` and ``pip install`` of the metadata's packages from the package index:
   ``monai-vce`` is not on the index (the bundle carries its wheel in ``wheels/``), so model-zoo's CI cannot install
-  it this way; tests/test_bundle_dist.py installs the wheel offline.
+  it this way; tests/bundle/test_bundle_dist.py installs the wheel offline.
 * ``verify_version_changes`` compares the version with model-zoo's ``models/model_info.json`` (its release
   history, not shipped): only the version's changelog entry is checked.
 
@@ -61,7 +61,7 @@ import torch
 from bundle_helpers import REPO, SCHEMA, SCHEMA_SHA256, _isolated
 
 NAME = "vce_event_detection"
-ZOO = REPO / "tests" / "data" / "model_zoo"
+ZOO = REPO / "tests" / "testing_data" / "model_zoo"
 ZOO_SETTINGS = ZOO / "setup.cfg"
 #: The bundle's model-zoo unit test (model-zoo's ci/unit_tests/test_vce_event_detection.py); not in the bundle.
 ZOO_UNIT_TEST = REPO / "bundle" / "ci" / "unit_tests" / "test_vce_event_detection.py"
@@ -270,7 +270,7 @@ def _cli(main: Callable[..., Any], argv: list[str], **kwargs: Any) -> tuple[int,
 def test_code_format_with_model_zoo_settings(dist: Path, tmp_path: Path) -> None:
     """``runtests.sh --codeformat`` of model-zoo on the files it would get: ``isort --check``,
     ``black --skip-magic-trailing-comma --check`` and ``flake8`` with model-zoo's settings, each given the settings
-    file explicitly (tests/data/model_zoo/setup.cfg). isort places ``monai_vce`` among the third-party packages (it
+    file explicitly (tests/testing_data/model_zoo/setup.cfg). isort places ``monai_vce`` among the third-party packages (it
     is not under the settings file's folder), as in model-zoo, where it is an installed package."""
     for module in FORMAT_MODULES:
         pytest.importorskip(module, reason=f"{module} (model-zoo's code format check) is not installed: {DEV}")

@@ -23,7 +23,7 @@ from monai_vce.review import exam_file_name, write_review_site
 from monai_vce.review import thumbnails as thumbnails_mod
 from monai_vce.review.__main__ import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 N = 8  # frames of the one video
 
 

@@ -30,7 +30,7 @@ from capped import LIGHT_CAP_MB, TORCH_CAP_MB, python_capped, run_capped
 
 from monai_vce.labels import LABELS, NUM_LABELS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "bundle" / "configs"
 INFER_CFG = [str(CONFIGS / "inference.json"), str(CONFIGS / "demo.json")]
 META = str(CONFIGS / "metadata.json")
@@ -350,7 +350,7 @@ def test_4_generator_refuses_a_folder_in_use_before_touching_it(tmp_path: Path) 
 @pytest.mark.parametrize("ending", ["raise ValueError('bad input')", "sys.exit(2)"])
 def test_8_a_failed_run_removes_its_lock_file(tmp_path: Path, ending: str) -> None:
     """A run that stops with an error or an exit status leaves no lock file behind (a killed one can; the next run
-    takes that one over, see tests/test_faults.py)."""
+    takes that one over, see tests/hardening/test_faults.py)."""
     folder = tmp_path / "out"
     code = (
         "import os, sys\nfrom monai_vce.utils import OutputLock\n"

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bundle_helpers, capped
 
 from bundle_helpers import DEMO, INFERENCE, METADATA
 from capped import TORCH_CAP_MB, python_capped

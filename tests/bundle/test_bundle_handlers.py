@@ -116,9 +116,11 @@ def test_decoder_tuning_handler_fits_and_saves(tmp_path):
     batches, probs, target, _ = _batches({"1": 40, "2": 30}, batch=16, labels=True)
     calls = {}
 
-    def fake_tune(videos, base=None, frame_units="frame_number"):
+    def fake_tune(videos, base=None):
+        from monai_vce.events import videos_units
         from monai_vce.postprocessing.decoder import DecoderParams
 
+        frame_units = videos_units(videos.values()).value  # the units of the videos' events, as tune_decoder reads
         calls["videos"], calls["kwargs"] = videos, {"base": base, "frame_units": frame_units}
         return DecoderParams({"frame_units": frame_units, "fit": {"videos": len(videos), "mAP@0.5": 0.5}})
 

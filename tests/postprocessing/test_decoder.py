@@ -208,11 +208,13 @@ def test_decode_videos_json():
     assert [v["video_id"] for v in out["videos"]] == ["a", "b"]
     paper = EventDecoder(DecoderParams.paper())
     assert out == decode_videos([a, b], paper) == event_json({"a": paper(a.probs, ids), "b": paper(b.probs, ids)})
-    # frame ids are chosen at the edge: the parameters' frame_units, or the caller's
+    # frame ids are chosen at the edge: the parameters' frame_units, or the video's (those of its ground truth)
     by_number = decode_videos([a], DecoderParams.paper(frame_units="frame_number"))
-    assert by_number == decode_videos([a], DecoderParams.paper(), frame_units="frame_number")
+    assert by_number == decode_videos([a.replace(units="frame_number")], DecoderParams.paper())
     assert by_number["videos"][0]["events"] == EventDecoder(DecoderParams.paper())(a.probs, ids + 1000)
-    assert EventDecoder(DecoderParams.paper()).decode(a, "frame_number") == by_number["videos"][0]["events"]
+    assert (
+        EventDecoder(DecoderParams.paper()).decode(a.replace(units="frame_number")) == by_number["videos"][0]["events"]
+    )
 
 
 def test_params_round_trip_and_errors(tmp_path):

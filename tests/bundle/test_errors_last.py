@@ -9,7 +9,7 @@ from pathlib import Path
 
 from monai_vce.utils import error_summary
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_error_summary_is_the_innermost_cause():

@@ -1,6 +1,6 @@
 """The bundle's metadata.json and large_files.yml against MONAI's bundle specification and model-zoo's conventions.
 
-Offline by default: the schema is MONAI's published one, copied (tests/data/model_zoo/README.md). ``MONAI_VCE_NETWORK_TESTS=1`` adds the check that
+Offline by default: the schema is MONAI's published one, copied (tests/testing_data/model_zoo/README.md). ``MONAI_VCE_NETWORK_TESTS=1`` adds the check that
 the pinned versions install together (``pip install --dry-run``) on each Python version pyproject.toml accepts
 (up to 3.13).
 """

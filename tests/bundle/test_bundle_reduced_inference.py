@@ -124,7 +124,7 @@ def test_refinement_keeps_to_its_budget(runs, mini_galar, tmp_path):
 def test_resume_reuses_full_and_same_setting_files(runs, mini_galar, tmp_path):
     """A reduced run interrupted after two videos, in a folder that also holds a full inference of a third one:
     the rerun infers only the fourth video (full inference never reuses reduced files: see
-    tests/test_inference_driver.py)."""
+    tests/inference/test_inference_driver.py)."""
     run, full, strided, _ = runs
     out = tmp_path / "resumed"
     (out / "probs").mkdir(parents=True)

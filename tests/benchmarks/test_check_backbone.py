@@ -20,7 +20,7 @@ from monai_vce.networks.backbone import save_tiny_local_dir
 from monai_vce.networks.diff_attention import ATTENTION_VARIANTS, convert_to_diff_attention, find_vit_blocks
 from monai_vce.networks.text_embeddings import save_text_embeddings
 
-_BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "check_backbone.py"
+_BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "check_backbone.py"
 _spec = importlib.util.spec_from_file_location("bench_check_backbone", _BENCH)
 assert _spec is not None and _spec.loader is not None
 bench = importlib.util.module_from_spec(_spec)

@@ -428,6 +428,62 @@ def test_change_point_states():
         assert bool(reached.abs().sum() > 0) == moves, offset
 
 
+def test_step_spans_see_ramped_boundaries():
+    # a boundary ramped over 8 frames: no one-frame difference reaches 0.5, the 8-frame difference does
+    x = torch.cat([torch.zeros(10), torch.linspace(0.25, 2.0, 8), torch.full((12,), 2.0)])[None, None]
+    assert not change_point_states(x, (0.5,), lookback=30).any()
+    ramped = change_point_states(x, (0.5,), lookback=30, span=8)[0, 0]
+    assert ramped[:12].tolist() == [0] * 12 and ramped[12:].eq(1).all()  # from 2 frames into the ramp on
+    ahead = change_point_states(x, (0.5,), lookback=30, lookahead=30, span=8)[0, 1]
+    assert ahead[:15].eq(1).all() and not ahead[15:].any()  # while the ramp ahead still rises by > 0.5
+    # span 1 is the one-frame step; a span reaches that many frames beyond the window
+    torch.testing.assert_close(change_point_states(x, (0.5,), 3, span=1), change_point_states(x, (0.5,), 3))
+    for offset, moves in ((-11, True), (-12, False)):
+        spike = torch.zeros(1, 1, 40)
+        spike[..., 20 + offset] = 3.0
+        assert bool(change_point_states(spike, (1.0,), lookback=5, span=6)[0, :, 20].abs().sum() > 0) == moves
+    with pytest.raises(ValueError, match="span must be >= 1"):
+        change_point_states(x, (0.5,), 3, span=0)
+
+
+def test_labelwise_network_with_step_spans():
+    torch.manual_seed(0)
+    net = LabelwiseTCN(in_channels=NUM_LABELS, **{**TINY_LW, "step_spans": (1, 8)})
+    assert net.context == 2 * (2**3 - 1) + 20 + 8
+    assert net.config["step_spans"] == [1, 8]
+    assert LabelwiseTCN(in_channels=NUM_LABELS, **TINY_LW).config["step_spans"] == [1]
+    for p in net.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    net.eval()
+    x = torch.randn(1, NUM_LABELS, 300)
+    base = net(x)[-1, 0, :, 150]
+    far = x.clone()
+    far[0, :, 150 + net.context + 1] += 5.0
+    far[0, :, 150 - net.context - 1] -= 5.0
+    assert torch.equal(net(far)[-1, 0, :, 150], base)
+    with pytest.raises(ValueError, match="step_spans"):
+        LabelwiseTCN(in_channels=NUM_LABELS, step_spans=(0,))
+
+
+def test_refiner_with_step_spans_chunks_saves_and_refuses_bad_spans(tmp_path):
+    net = {**TINY_LW, "step_spans": [1, 6]}
+    refiner = _scramble(TemporalRefiner(network=net, chunk_size=None, passthrough=()))
+    refiner.set_input_statistics(np.full(refiner.in_channels, 0.3), np.full(refiner.in_channels, 1.7))
+    probs = _probs(700)
+    whole = refiner.refine(probs)
+    for chunk in (7, refiner.context, 250):
+        np.testing.assert_allclose(refiner.refine(probs, chunk_size=chunk), whole, atol=1e-5, rtol=0)
+    loaded = TemporalRefiner.load(refiner.save(tmp_path / "spans.pt"))
+    assert loaded.get_config()["network"]["step_spans"] == [1, 6]
+    np.testing.assert_array_equal(loaded.refine(probs), whole)
+    payload = refiner.payload()
+    for bad in ([], [0], [1.5], [True], list(range(1, 30)), 3):
+        config = json.loads(payload["config"])
+        config["network"]["step_spans"] = bad
+        with pytest.raises(ValueError, match="step_spans must be a list"):
+            TemporalRefiner.from_payload({**payload, "config": json.dumps(config)}, "spans file")
+
+
 def test_labelwise_network_shapes_context_and_identity():
     torch.manual_seed(0)
     net = LabelwiseTCN(in_channels=NUM_LABELS + 3, **TINY_LW)

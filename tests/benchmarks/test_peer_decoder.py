@@ -13,7 +13,7 @@ from monai_vce.labels import LABELS, SECTIONS
 from monai_vce.metrics import temporal_map
 from monai_vce.postprocessing import events_to_frames
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

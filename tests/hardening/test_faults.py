@@ -36,7 +36,7 @@ from capped import TORCH_CAP_MB, memory_cap
 
 from monai_vce.labels import LABELS, NUM_LABELS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "bundle"
 CONFIGS = BUNDLE / "configs"
 TRAIN_CFG = [str(CONFIGS / "train.json"), str(CONFIGS / "demo.json")]

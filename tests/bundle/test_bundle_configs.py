@@ -142,7 +142,7 @@ def test_defaults_point_at_real_use():
 
 
 def test_verify_metadata_against_the_published_schema(tmp_path):
-    """metadata.json against MONAI's published schema (the copy in tests/data/model_zoo, checked by its hash)."""
+    """metadata.json against MONAI's published schema (the copy in tests/testing_data/model_zoo, checked by its hash)."""
     from monai.bundle import verify_metadata
 
     meta = json.loads(Path(METADATA).read_text())

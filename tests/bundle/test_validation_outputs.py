@@ -137,7 +137,7 @@ def test_bundle_config_wires_one_collector_explicitly(mini_galar, tmp_path):
 
     from monai.bundle import ConfigParser
 
-    configs = Path(__file__).resolve().parents[1] / "bundle" / "configs"
+    configs = Path(__file__).resolve().parents[2] / "bundle" / "configs"
     parser = ConfigParser()
     parser.read_config([str(configs / "train.json"), str(configs / "demo.json")])
     parser.update({"dataset_dir": str(mini_galar), "bundle_root": str(tmp_path)})

@@ -206,10 +206,12 @@ def _measure_in_subprocess(n_frames: int, pool: list[str], out_dir: Path, leak: 
     import sys
 
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import test_streaming_memory as t; "
+        "import os, sys; sys.path[:0] = sys.argv[1].split(os.pathsep); import test_streaming_memory as t; "
         "print('GROWTH', t._measure(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5] == '1'))"
     )
-    args = [str(Path(__file__).parent), str(n_frames), str(Path(pool[0]).parent), str(out_dir), "1" if leak else "0"]
+    here = Path(__file__).resolve()
+    paths = os.pathsep.join([str(here.parent), str(here.parents[1])])  # this module, and capped beside the tests
+    args = [paths, str(n_frames), str(Path(pool[0]).parent), str(out_dir), "1" if leak else "0"]
     # under a memory cap: a leaking regression fails this run instead of exhausting the machine
     res = subprocess.run(
         [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600, preexec_fn=memory_cap(8192)
