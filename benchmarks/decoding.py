@@ -83,6 +83,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="16 videos (12 tuning / 4 held out), 1 round")
     parser.add_argument("--peer-ideas", action="store_true", help="also tune with hysteresis, duration and gates")
     parser.add_argument("--peer-decoder", action="store_true", help="also score the peer decoder (peer_decoder.py)")
+    parser.add_argument(
+        "--peer-only", action="store_true", help="with --peer-decoder, skip the tuned decoder (rows are deterministic)"
+    )
     args = parser.parse_args()
 
     gt_all = json.loads(Path(args.gt).read_text())
@@ -129,15 +132,16 @@ def main() -> None:
             pred = decode_videos([sim[k] for k in test_ids], EventDecoder(params))
             rows.append((level, name, *score(pred), ""))
         t0 = time.perf_counter()
-        tuned = tune_decoder([sim[k] for k in tune_ids], base=base, rounds=args.rounds)
+        if not args.peer_only:
+            tuned = tune_decoder([sim[k] for k in tune_ids], base=base, rounds=args.rounds)
+            pred = decode_videos([sim[k] for k in test_ids], EventDecoder(tuned))
+            emitted = sum(tuned["labels"][n]["presence"]["feature"] != "never" for n in tuned["labels"])
+            note = (
+                f"fit {time.perf_counter() - t0:.0f} s, ranking {tuned['ranking']}, "
+                f"switch cost {tuned['anatomy']['switch_cost']:g}, {emitted}/17 labels emitted"
+            )
+            rows.append((level, "tuned", *score(pred), note))
         t_tune = time.perf_counter() - t0
-        pred = decode_videos([sim[k] for k in test_ids], EventDecoder(tuned))
-        emitted = sum(tuned["labels"][n]["presence"]["feature"] != "never" for n in tuned["labels"])
-        note = (
-            f"fit {t_tune:.0f} s, ranking {tuned['ranking']}, switch cost {tuned['anatomy']['switch_cost']:g}, "
-            f"{emitted}/17 labels emitted"
-        )
-        rows.append((level, "tuned", *score(pred), note))
         if args.peer_ideas:
             t0 = time.perf_counter()
             peer = tune_decoder(
@@ -173,6 +177,9 @@ def main() -> None:
             rows.append((level, "peer decoder (fitted on tuning)", *score(pred), note))
             print(f"[{level}] peer decoders in {time.perf_counter() - t0:.1f} s", flush=True)
         print(f"[{level}] simulated in {t_sim:.1f} s, tuned in {t_tune:.1f} s", flush=True)
+        for row in rows:  # each level's rows as soon as they exist
+            if row[0] == level:
+                print("  ", row, flush=True)
 
     print()
     print("| noise | decoder | mAP@0.5 | mAP@0.95 | lesion sensitivity at 2 false alarms per exam | note |")
