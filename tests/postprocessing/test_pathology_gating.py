@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from monai_vce.events import Video
-from monai_vce.events.units import FrameUnits
 from monai_vce.labels import LABELS
 from monai_vce.postprocessing import DecoderParams, EventDecoder, tune_decoder
 from monai_vce.postprocessing.tuning import _Video, pathology_section_candidates
@@ -41,12 +40,12 @@ def _videos(false_bursts: bool, n: int = 4) -> list[Video]:
 
 
 def test_candidates_are_the_sections_holding_the_positive_frames():
-    vids = [_Video(v, FrameUnits.FRAME_INDEX) for v in _videos(False)]
+    vids = [_Video(v) for v in _videos(False)]
     assert pathology_section_candidates(vids) == {"ulcer": ["small intestine"]}
     # a share below 1 of the frames outside the main section does not need a section of its own
     v = _videos(False, 1)[0]
     v.events.append({"start": 10, "end": 10, "label": ["ulcer"]})  # 1 of 21 ulcer frames in the stomach
-    vids = [_Video(v, FrameUnits.FRAME_INDEX)]
+    vids = [_Video(v)]
     assert pathology_section_candidates(vids, 0.99) == {"ulcer": ["stomach", "small intestine"]}
     assert pathology_section_candidates(vids, 0.9) == {"ulcer": ["small intestine"]}
 
