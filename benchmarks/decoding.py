@@ -83,6 +83,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="16 videos (12 tuning / 4 held out), 1 round")
     parser.add_argument("--peer-ideas", action="store_true", help="also tune with hysteresis, duration and gates")
     parser.add_argument("--peer-decoder", action="store_true", help="also score the peer decoder (peer_decoder.py)")
+    parser.add_argument("--per-label", action="store_true", help="also print per-label APs of tuned and peer fitted")
     parser.add_argument(
         "--peer-only", action="store_true", help="with --peer-decoder, skip the tuned decoder (rows are deterministic)"
     )
@@ -106,8 +107,11 @@ def main() -> None:
         "paper chain 0.5": DecoderParams.paper(ranking="none"),
     }
 
-    def score(pred: dict) -> tuple[float, float, float]:
+    per_label: dict[tuple[str, str], dict] = {}
+
+    def score(pred: dict, name: str = "", level: str = "") -> tuple[float, float, float]:
         res = temporal_map(gt_test, pred)
+        per_label[level, name] = res["per_label"]
         froc = lesion_froc(gt_test, pred, false_alarm_rates=(2.0,), validate=False)["overall"]["overlap"]
         return res["mAP@0.5"], res["mAP@0.95"], froc["sensitivity"]["2"] or 0.0
 
@@ -140,7 +144,7 @@ def main() -> None:
                 f"fit {time.perf_counter() - t0:.0f} s, ranking {tuned['ranking']}, "
                 f"switch cost {tuned['anatomy']['switch_cost']:g}, {emitted}/17 labels emitted"
             )
-            rows.append((level, "tuned", *score(pred), note))
+            rows.append((level, "tuned", *score(pred, "tuned", level), note))
         t_tune = time.perf_counter() - t0
         if args.peer_ideas:
             t0 = time.perf_counter()
@@ -174,13 +178,18 @@ def main() -> None:
             pred = fitted.decode_videos([sim[k] for k in test_ids])
             emitted = sum(c["presence_max"] <= 1 for name, c in fitted.config.items() if name not in SECTIONS)
             note = f"{fitted.name}, tuning objective {objective:.4f}, {emitted}/12 other labels emitted"
-            rows.append((level, "peer decoder (fitted on tuning)", *score(pred), note))
+            rows.append((level, "peer decoder (fitted on tuning)", *score(pred, "peer fitted", level), note))
             print(f"[{level}] peer decoders in {time.perf_counter() - t0:.1f} s", flush=True)
         print(f"[{level}] simulated in {t_sim:.1f} s, tuned in {t_tune:.1f} s", flush=True)
         for row in rows:  # each level's rows as soon as they exist
             if row[0] == level:
                 print("  ", row, flush=True)
 
+    if args.per_label:
+        print("\nper-label AP@0.5 / AP@0.95 on the held-out videos")
+        for (level, name), aps in per_label.items():
+            if name:
+                print(f"[{level}] {name}: " + ", ".join(f"{n} {a['0.5']:.3f}/{a['0.95']:.3f}" for n, a in aps.items()))
     print()
     print("| noise | decoder | mAP@0.5 | mAP@0.95 | lesion sensitivity at 2 false alarms per exam | note |")
     print("|---|---|---|---|---|---|")
