@@ -91,18 +91,22 @@ def _rare(th_high: float, th_low: float, presence: float, frames: int, topk: int
     return dict(zip(keys, (th_high, th_low, presence, frames, topk, min_len), strict=True))
 
 
+# the rarest labels, the same in both of the stricter configurations
+_RAREST = {
+    "pylorus": _rare(0.5, 0.15, 0.6, 3, 1),
+    "hematin": _rare(0.5, 0.15, 0.6, 3, 2),
+    "lymphangioectasis": _rare(0.5, 0.15, 0.6, 3, 2),
+    "z_line": _rare(0.55, 0.2, 0.7, 2, 1, 2),
+    "ileocecal_valve": _rare(0.5, 0.15, 0.6, 2, 1, 2),
+    "active_bleeding": _rare(0.5, 0.15, 0.6, 3, 2),
+}
 #: The hysteresis configurations per label: thresholds, gap closed, shortest run, events kept (0: all), and the
 #: presence test (raw probability peak, frames >= 0.3; 0: off).
 CONFIGS: dict[str, dict[str, dict[str, float]]] = {
     "published": _config(_OFF),
     "balanced": _config(
         {**_OFF, "th_low": 0.08, "gap_close": 5, "topk": 8},
-        pylorus=_rare(0.5, 0.15, 0.6, 3, 1),
-        hematin=_rare(0.5, 0.15, 0.6, 3, 2),
-        lymphangioectasis=_rare(0.5, 0.15, 0.6, 3, 2),
-        z_line=_rare(0.55, 0.2, 0.7, 2, 1, 2),
-        ileocecal_valve=_rare(0.5, 0.15, 0.6, 2, 1, 2),
-        active_bleeding=_rare(0.5, 0.15, 0.6, 3, 2),
+        **_RAREST,
         angiectasia=_rare(0.45, 0.1, 0.5, 3, 4),
         polyp=_rare(0.4, 0.08, 0.5, 3, 5),
         ulcer=_rare(0.4, 0.08, 0.5, 3, 5),
@@ -112,12 +116,7 @@ CONFIGS: dict[str, dict[str, dict[str, float]]] = {
     ),
     "strict": _config(
         {**_OFF, "th_high": 0.45, "th_low": 0.1, "gap_close": 3, "min_len": 5, "topk": 5},
-        pylorus=_rare(0.5, 0.15, 0.6, 3, 1),
-        hematin=_rare(0.5, 0.15, 0.6, 3, 2),
-        lymphangioectasis=_rare(0.5, 0.15, 0.6, 3, 2),
-        z_line=_rare(0.55, 0.2, 0.7, 2, 1, 2),
-        ileocecal_valve=_rare(0.5, 0.15, 0.6, 2, 1, 2),
-        active_bleeding=_rare(0.5, 0.15, 0.6, 3, 2),
+        **_RAREST,
         angiectasia=_rare(0.5, 0.15, 0.55, 3, 3),
         polyp=_rare(0.45, 0.1, 0.55, 3, 3),
         ulcer=_rare(0.45, 0.1, 0.55, 3, 3),

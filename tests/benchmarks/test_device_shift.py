@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def device_shift():
-    spec = importlib.util.spec_from_file_location("device_shift", REPO / "benchmarks" / "device_shift.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("device_shift")
 
 
 def _row(arm: str, test: str, value: float, seconds: float = 1.0) -> dict:

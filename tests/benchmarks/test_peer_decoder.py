@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+from benchmark_scripts import load_benchmark
 
 from monai_vce.events import Video
 from monai_vce.labels import LABELS, SECTIONS
 from monai_vce.metrics import temporal_map
 from monai_vce.postprocessing import events_to_frames
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
 def peer():
-    spec = importlib.util.spec_from_file_location("peer_decoder", REPO / "benchmarks" / "peer_decoder.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("peer_decoder")
 
 
 def _video(truth: np.ndarray, video_id: str = "v", noise: float = 0.0, seed: int = 0) -> Video:
