@@ -45,10 +45,15 @@ ANATOMY_PARAMS: dict[str, Param] = {
 LANDMARK_WINDOW = Param("landmark_window", "integer", 100, 0, MAX_FRAMES)
 
 #: Candidate Viterbi settings the decoder's tuning compares by the sections' validation AP (lower transition
-#: costs follow the sections more closely; the lead-in keeps unannotated first frames out of events).
+#: costs follow the sections more closely; the lead-in keeps unannotated first frames out of events): backward
+#: moves at three times the switch cost, or forbidden (``MAX_COST``: the capsule only moves forward, so a burst
+#: of an earlier section's probability cannot split a section).
 DEFAULT_ANATOMY_GRID: tuple[dict[str, float], ...] = tuple(
     {"emission_weight": 0.1, "switch_cost": c, "skip_cost": c, "backward_cost": 3.0 * c, "entry_cost": 0.0}
     for c in (1.25, 2.5, 5.0, 10.0)
+) + tuple(
+    {"emission_weight": 0.1, "switch_cost": c, "skip_cost": c, "backward_cost": MAX_COST, "entry_cost": 0.0}
+    for c in (0.3, 0.6, 1.25, 2.5)
 )
 
 _NEG = -1e30  # "impossible" in the max-plus algebra, finite so that sums never produce NaN

@@ -405,7 +405,7 @@ class _Tuner:
 def tune_decoder(
     videos: Sequence[Video] | Mapping[str, Video],
     base: DecoderParams | Mapping[str, Any] | None = None,
-    composition: str = "label_set",
+    composition: str | None = None,
     anatomy: bool = True,
     grids: Mapping[str, Sequence] | None = None,
     rounds: int = 2,
@@ -435,7 +435,9 @@ def tune_decoder(
         base: starting parameters (order, anatomy settings, ...); the paper's chain when ``None``.
             With ``profile`` ``"paper"`` or ``"authors"`` only its per-label thresholds are kept (e.g. the F1
             thresholds of :meth:`DecoderParams.from_thresholds`).
-        composition: ``"label_set"`` or ``"per_label"`` event composition, fixed during tuning.
+        composition: ``"label_set"`` or ``"per_label"`` event composition, fixed during tuning; ``None``: the
+            profile's own, ``"per_label"`` for ``"challenge"`` (a false run of one label never splits another
+            label's event), ``"label_set"`` for ``"paper"`` and ``"authors"`` (their chains).
         anatomy: turn anatomy decoding on (sections by Viterbi, landmarks near boundaries).
         grids: candidate values per chain parameter (keys of :data:`DEFAULT_GRIDS`); a key left out is not tuned.
             ``default_grids(optional=True)`` adds the steps that are off by default (``"hysteresis"``, ``"duration"``).
@@ -558,7 +560,7 @@ def _calibrated_inputs(
 def _tune_decoder(
     videos: Sequence[Video],
     base: DecoderParams | Mapping[str, Any] | None,
-    composition: str,
+    composition: str | None,
     anatomy: bool,
     grids: Mapping[str, Sequence] | None,
     rounds: int,
@@ -590,6 +592,8 @@ def _tune_decoder(
     ths = tuple(float(t) for t in tiou_thresholds)
     weights_arr = np.ones(len(ths)) if weights is None else np.asarray(weights, dtype=np.float64)
     order = DECODER_PROFILES[profile]
+    if composition is None:
+        composition = "label_set" if order is not None else "per_label"
     if order is not None:
         start = DecoderParams(base) if not isinstance(base, DecoderParams) else base
         chain = DecoderParams.from_thresholds(

@@ -285,3 +285,20 @@ def test_lead_in_frames_carry_no_section():
     assert not mask[:, L["esophagus"]].any() and not mask[70:90].any() and mask[90:190, L["stomach"]].all()
     with pytest.raises(ValueError, match=r"anatomy.entry_cost"):
         DecoderParams({"anatomy": {"entry_cost": -1.0}})
+
+
+def test_forward_only_sections_are_not_split_by_a_burst_of_an_earlier_section():
+    from monai_vce.postprocessing.anatomy import DEFAULT_ANATOMY_GRID, decode_sections
+    from monai_vce.postprocessing.steps import MAX_COST
+
+    truth = np.repeat([0, 1, 2, 3, 4], [20, 20, 60, 200, 100])
+    p = np.full((truth.size, 5), 0.1)
+    p[np.arange(truth.size), truth] = 0.9
+    burst = slice(150, 170)  # stomach-looking frames inside the small intestine
+    p[burst, 2], p[burst, 3] = 0.95, 0.05
+    back = decode_sections(p, 0.1, 0.3, 0.3, 0.9, entry_cost=0.0)
+    assert (back[burst] == 2).all()  # a backward move: the small intestine in two pieces
+    fwd = decode_sections(p, 0.1, 0.3, 0.3, MAX_COST, entry_cost=0.0)
+    assert np.all(np.diff(fwd) >= 0) and fwd.tolist() == truth.tolist()
+    # the tuning's grid holds both kinds
+    assert {g["backward_cost"] == MAX_COST for g in DEFAULT_ANATOMY_GRID} == {True, False}

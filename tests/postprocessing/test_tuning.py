@@ -13,6 +13,7 @@ from monai_vce.events import Video
 from monai_vce.labels import LABELS, NUM_LABELS
 from monai_vce.metrics import temporal_map
 from monai_vce.postprocessing import (
+    DEFAULT_ANATOMY_GRID,
     DecoderParams,
     EventDecoder,
     decode_videos,
@@ -79,7 +80,8 @@ def test_tuned_decoder_beats_paper_chain_and_empty_on_held_out_videos(tmp_path, 
     params = tune_decoder([sim[k] for k in tune_ids], grids=grids, rounds=1)
     fit = params["fit"]
     assert fit["videos"] == 20 and fit["presence_folds"] == 5 and 0.0 <= fit["mAP@0.5"] <= 1.0
-    assert len(fit["anatomy_objective"]) == 4 and params["anatomy"]["entry_cost"] == 0.0
+    assert len(fit["anatomy_objective"]) == len(DEFAULT_ANATOMY_GRID) and params["anatomy"]["entry_cost"] == 0.0
+    assert params["composition"] == "per_label"  # the challenge profile's own
     # a label is emitted only when it won out of fold (weighted over the thresholds) and lost at none
     for name, record in fit["out_of_fold_gain"].items():
         emitted = params["labels"][name]["presence"]["feature"] != "never"
@@ -191,7 +193,7 @@ def test_fixed_profiles_keep_the_thresholds_and_decode_the_chain(profile):
     assert dict(zip(LABELS, params.per_label("threshold").tolist(), strict=True)) == pytest.approx(thresholds)
     for key, value in {"median_window": 7, "max_gap": 5, "min_length": 3}.items():
         assert params.per_label(key).tolist() == [value] * NUM_LABELS
-    assert params["ranking"] == "none" and not params["anatomy"]["enabled"]
+    assert params["ranking"] == "none" and not params["anatomy"]["enabled"] and params["composition"] == "label_set"
     assert params["fit"]["profile"] == profile and 0.0 <= params["fit"]["mAP@0.5"] <= 1.0
     assert [p["feature"] for p in params.presence_rules()] == ["none"] * NUM_LABELS
     events = EventDecoder(params)(probs, rows)
