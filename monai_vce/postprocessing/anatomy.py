@@ -26,6 +26,8 @@ __all__ = [
 
 #: Section index of frames decoded as lead-in (before the first section).
 LEAD_IN = -1
+#: Largest ``lead_in_logit`` magnitude (beyond the logit of probabilities clipped at ``1e-6``).
+MAX_LOGIT = 20.0
 
 #: The anatomy decoding step's parameters (the ``"anatomy"`` object of the decoder parameters, besides
 #: ``landmark_window`` and ``pathology_sections``), in the order they are written.
@@ -38,6 +40,7 @@ ANATOMY_PARAMS: dict[str, Param] = {
         Param("skip_cost", "number", 20.0, 0.0, MAX_COST, doc="extra cost per section skipped"),
         Param("backward_cost", "number", 60.0, 0.0, MAX_COST, doc="cost per section moved backward"),
         Param("entry_cost", "number", None, 0.0, MAX_COST, nullable=True, doc="cost of leaving the lead-in"),
+        Param("lead_in_logit", "number", 0.0, -MAX_LOGIT, MAX_LOGIT, doc="the lead-in's emission, as a section logit"),
         Param("gate_landmarks", "boolean", True, doc="keep landmarks only near a decoded boundary crossing"),
     )
 }
@@ -188,6 +191,7 @@ def decode_sections(
     backward_cost: float = 60.0,
     entry_cost: float | None = None,
     allowed: np.ndarray | None = None,
+    lead_in_logit: float = 0.0,
 ) -> np.ndarray:
     """Decode one section per frame from ``(T, S)`` section probabilities, with an optional lead-in.
 
@@ -198,6 +202,8 @@ def decode_sections(
         entry_cost: cost of leaving the lead-in state into the mouth (plus ``skip_cost`` per section skipped);
             ``None`` for no lead-in state.
         allowed: ``(S,)`` booleans; sections marked ``False`` are never decoded.
+        lead_in_logit: the lead-in scores ``emission_weight * lead_in_logit`` per frame, as a section of that
+            logit would (0 for calibrated probabilities: "no section" against "only section ``k``").
 
     Returns:
         ``(T,)`` int64 section indices, :data:`LEAD_IN` (``-1``) for lead-in frames.
@@ -207,7 +213,7 @@ def decode_sections(
     if entry_cost is None:
         return viterbi_sections(em, trans, allowed=allowed)
     T, S = em.shape
-    em1 = np.concatenate([np.zeros((T, 1)), em], axis=1)
+    em1 = np.concatenate([np.full((T, 1), float(emission_weight) * float(lead_in_logit)), em], axis=1)
     trans1 = np.full((S + 1, S + 1), _NEG)
     trans1[1:, 1:] = trans
     trans1[0, 0] = 0.0

@@ -55,6 +55,7 @@ def section_sequence(
         anatomy["backward_cost"],
         anatomy["entry_cost"],
         allowed=allowed,
+        lead_in_logit=anatomy["lead_in_logit"],
     )
 
 

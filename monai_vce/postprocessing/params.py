@@ -80,7 +80,7 @@ def _default_label() -> dict[str, Any]:
 def _default_anatomy() -> dict[str, Any]:
     out: dict[str, Any] = {name: p.default for name, p in ANATOMY_PARAMS.items()}
     # the order of the keys in written files: as earlier versions wrote them
-    order = ("enabled", "emission_weight", "switch_cost", "skip_cost", "backward_cost", "entry_cost")
+    order = ("enabled", "emission_weight", "switch_cost", "skip_cost", "backward_cost", "entry_cost", "lead_in_logit")
     out = {k: out[k] for k in order} | {"landmark_window": {n: LANDMARK_WINDOW.default for n in LANDMARKS}}
     out["gate_landmarks"] = ANATOMY_PARAMS["gate_landmarks"].default
     out["pathology_sections"] = {}
@@ -284,6 +284,7 @@ class DecoderParams(Mapping[str, Any]):
          "frame_units": "frame_index" | "frame_number",
          "anatomy": {"enabled": bool, "emission_weight": float in [0, 1000], "switch_cost": float in [0, 1e6],
                      "skip_cost": float, "backward_cost": float, "entry_cost": float | null,
+                     "lead_in_logit": float in [-20, 20],
                      "landmark_window": {"<landmark>": int in [0, 1e7]}, "gate_landmarks": bool,
                      "pathology_sections": {"<pathology>": ["<section>", ...]}},
          "scores": bool,  # optional (false): events carry "score", the screening profile's

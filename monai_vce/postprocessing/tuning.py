@@ -451,7 +451,9 @@ def tune_decoder(
             ``None``: a cutoff must be worth at least one whole video's AP.
         anatomy_grid: candidate Viterbi settings (keys of the ``anatomy`` parameters), compared by the mean
             AP of the five sections (events of the decoded sections alone) on the validation videos; the best
-            one is used. ``None`` or empty keeps ``base``'s settings.
+            one is used. An entry without ``lead_in_logit`` is tried with the lead-in at 0 and at the mean logit
+            of the sections' thresholds in ``base`` (where the frame model's sections are decided: a shifted
+            or compressed model moves it). ``None`` or empty keeps ``base``'s settings.
         presence_folds: folds (over videos) of the cross-validated emission decision: a label is emitted only
             when fitting its decoding and presence rule on the other folds beats never emitting it on the
             held-out fold, in mean AP at every tIoU threshold of positive weight, by more than
@@ -645,7 +647,8 @@ def _tune_decoder(
     # many false-positive runs would fragment every candidate); the sections are decoded once
     anatomy_fit = None
     if anatomy and anatomy_grid:
-        params, anatomy_fit = _fit_anatomy(vids, params, anatomy_grid, ths, weights_arr, log)
+        grid = _with_lead_in(anatomy_grid, params)
+        params, anatomy_fit = _fit_anatomy(vids, params, grid, ths, weights_arr, log)
     for v in vids:
         v.mask = np.zeros((v.T, NUM_LABELS), dtype=bool)
         v.sections = section_sequence(v.probs, params["anatomy"]) if anatomy and v.T else None
@@ -703,6 +706,18 @@ def _composed_score(
     w = weights / weights.sum()
     scores = {f"mAP@{t:g}": res[f"mAP@{t:g}"] for t in ths}
     return float(sum(wt * scores[f"mAP@{t:g}"] for wt, t in zip(w, ths, strict=True))), scores
+
+
+def _with_lead_in(grid: Sequence[Mapping[str, Any]], params: DecoderParams) -> list[dict[str, Any]]:
+    """``grid`` with each entry that leaves ``lead_in_logit`` out tried at 0 and at the mean logit of the
+    sections' thresholds (once when they round to the same value)."""
+    th = np.clip([params["labels"][n]["threshold"] for n in SECTIONS], 1e-6, 1.0 - 1e-6)
+    levels = sorted({0.0, round(float(np.mean(np.log(th) - np.log1p(-th))), 4)}, key=abs)
+    return [
+        {**e, "lead_in_logit": level} if "lead_in_logit" not in e else dict(e)
+        for e in grid
+        for level in (levels if "lead_in_logit" not in e else levels[:1])
+    ]
 
 
 def _fit_anatomy(

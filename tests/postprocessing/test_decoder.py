@@ -287,6 +287,32 @@ def test_lead_in_frames_carry_no_section():
         DecoderParams({"anatomy": {"entry_cost": -1.0}})
 
 
+def test_lead_in_logit_follows_a_shifted_model():
+    from monai_vce.postprocessing.anatomy import LEAD_IN, decode_sections
+
+    truth = np.repeat([-1, 0, 1, 2, 3], [40, 30, 20, 100, 100])
+    z = np.full((truth.size, 5), -2.2)
+    rows = truth >= 0
+    z[np.flatnonzero(rows), truth[rows]] = 2.2
+    calibrated = decode_sections(1 / (1 + np.exp(-z)), 0.1, 2.5, 2.5, 7.5, entry_cost=0.0)
+    assert calibrated.tolist() == [LEAD_IN if t < 0 else t for t in truth.tolist()]
+    shifted = 1 / (1 + np.exp(-(z - 2.5)))  # every section logit 2.5 lower: all below 0
+    # at the calibrated level the lead-in outscores every section on every frame and is never left
+    assert (decode_sections(shifted, 0.1, 2.5, 2.5, 7.5, entry_cost=0.0) == LEAD_IN).all()
+    # at the shifted level the decode is the calibrated one (a constant per frame changes no Viterbi path)
+    again = decode_sections(shifted, 0.1, 2.5, 2.5, 7.5, entry_cost=0.0, lead_in_logit=-2.5)
+    assert again.tolist() == calibrated.tolist()
+    # through the parameters, and checked like every anatomy parameter
+    probs = np.full((truth.size, 17), 0.01)
+    probs[:, [L[s] for s in SECTIONS]] = shifted
+    anatomy = {"enabled": True, "switch_cost": 2.5, "skip_cost": 2.5, "entry_cost": 0.0}
+    assert EventDecoder(DecoderParams.paper(anatomy=anatomy))(probs, np.arange(truth.size)) == []
+    ev = EventDecoder(DecoderParams.paper(anatomy={**anatomy, "lead_in_logit": -2.5}))(probs, np.arange(truth.size))
+    assert min(e["start"] for e in ev) == 40
+    with pytest.raises(ValueError, match=r"anatomy.lead_in_logit"):
+        DecoderParams({"anatomy": {"lead_in_logit": 100.0}})
+
+
 def test_forward_only_sections_are_not_split_by_a_burst_of_an_earlier_section():
     from monai_vce.postprocessing.anatomy import DEFAULT_ANATOMY_GRID, decode_sections
     from monai_vce.postprocessing.steps import MAX_COST

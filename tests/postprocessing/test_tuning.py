@@ -10,7 +10,7 @@ from conftest import GALAR_EVENTS as GALAR
 from conftest import GALAR_MISSING
 
 from monai_vce.events import Video
-from monai_vce.labels import LABELS, NUM_LABELS
+from monai_vce.labels import LABELS, NUM_LABELS, SECTIONS
 from monai_vce.metrics import temporal_map
 from monai_vce.postprocessing import (
     DEFAULT_ANATOMY_GRID,
@@ -205,3 +205,18 @@ def test_fixed_profiles_keep_the_thresholds_and_decode_the_chain(profile):
         assert got == sorted(got)  # time order
     with pytest.raises(ValueError, match="unknown decoder profile"):
         tune_decoder([video], profile="leaderboard")
+
+
+def test_anatomy_grid_tries_the_lead_in_where_the_sections_are_decided():
+    from monai_vce.postprocessing.tuning import _with_lead_in
+
+    grid = [{"switch_cost": 1.0}, {"switch_cost": 2.0, "lead_in_logit": 0.5}]
+    calibrated = DecoderParams.from_thresholds({"ulcer": 0.2})  # sections at 0.5: one level, 0
+    assert _with_lead_in(grid, calibrated) == [{"switch_cost": 1.0, "lead_in_logit": 0.0}, grid[1]]
+    shifted = DecoderParams.from_thresholds(dict.fromkeys(SECTIONS, 0.25))
+    level = round(float(np.log(0.25 / 0.75)), 4)
+    assert _with_lead_in(grid, shifted) == [
+        {"switch_cost": 1.0, "lead_in_logit": 0.0},
+        {"switch_cost": 1.0, "lead_in_logit": level},
+        grid[1],
+    ]
