@@ -7,12 +7,6 @@ from pathlib import Path
 
 import pytest
 
-# pytest-xdist workers share the cores: each gets its share of torch's threads (read when torch is first imported)
-_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-if _WORKERS > 1:
-    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(_var, str(max(1, (os.cpu_count() or 1) // _WORKERS)))
-
 #: The real Galar annotations: ``MONAI_VCE_GALAR_EVENTS`` when set, else beside the repository
 #: (``<repo>/../shared/data/galar_events.json``).
 GALAR_EVENTS = Path(
