@@ -132,7 +132,11 @@ def run_bundle(
     args: list[str], timeout: float = 300, check: bool = True, module: str = "monai.bundle"
 ) -> subprocess.CompletedProcess:
     """Run ``python -m monai.bundle ARGS`` from the repository root; on failure, show the output's tail."""
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="2", HF_HUB_OFFLINE="1")
+    import torch
+
+    # the session's thread count: 2, or 1 while the background lane takes the other core (tests/background_lane.py)
+    threads = str(torch.get_num_threads())
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS=threads, HF_HUB_OFFLINE="1")
     proc = subprocess.run(
         [sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -148,7 +152,7 @@ class InProcessRun(subprocess.CompletedProcess):
 
 
 @contextlib.contextmanager
-def _isolated(threads: int, env: dict[str, str]) -> Iterator[None]:
+def _isolated(threads: int | None, env: dict[str, str]) -> Iterator[None]:
     """Run a bundle command in this process and give back the process as it was: logging handlers and levels, the
     exception hook, signal handlers, torch's threads, determinism and random states, numpy's and Python's random
     states, the working folder, ``sys.path`` and the environment; output locks the run still holds (a failed run
@@ -175,7 +179,7 @@ def _isolated(threads: int, env: dict[str, str]) -> Iterator[None]:
 
     locks = set(OutputLock._held_here)
     os.environ.update(env)
-    torch.set_num_threads(threads)
+    torch.set_num_threads(threads or torch_state[0])
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # as PYTHONWARNINGS=ignore in run_bundle's subprocesses
@@ -257,7 +261,7 @@ def _address_space(grow_mb: int | None) -> Iterator[None]:
 def run_in_process(
     args: list[str],
     check: bool = True,
-    threads: int = 2,
+    threads: int | None = None,
     memory_mb: int | None = None,
     cwd: str | Path = REPO,
     **env: str,
@@ -268,7 +272,8 @@ def run_in_process(
     Args:
         args: the command-line arguments after ``python -m monai.bundle``.
         check: raise an ``AssertionError`` showing the output's tail when the command fails.
-        threads: torch's thread count during the run (``OMP_NUM_THREADS`` of a subprocess).
+        threads: torch's thread count during the run (``OMP_NUM_THREADS`` of a subprocess); by default the
+            session's (2, or 1 while the background lane runs: tests/background_lane.py).
         memory_mb: when given, the address space may grow by at most this many MiB during the run (a subprocess's
             ``RLIMIT_AS`` cap, see tests/capped.py): a regression allocating without bound fails the run with a
             ``MemoryError`` instead of taking the machine down.

@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny generated mini-Galar and the real Galar ground-truth timelines."""
+"""Shared fixtures: a tiny generated mini-Galar and the real Galar ground-truth timelines; the ``background`` lane
+(tests/background_lane.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,12 @@ import os
 from pathlib import Path
 
 import pytest
+from background_lane import (
+    pytest_collection_modifyitems,
+    pytest_runtest_logreport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
 
 #: The real Galar annotations: ``MONAI_VCE_GALAR_EVENTS`` when set, else beside the repository
 #: (``<repo>/../shared/data/galar_events.json``).
@@ -46,3 +53,13 @@ def mini_galar(tmp_path_factory: pytest.TempPathFactory) -> Path:
         # without the real annotations the built-in timelines are used; that is fine for a fixture
         warnings.simplefilter("ignore")
         return generate_mini_galar(out, videos=4, frames_per_video=60, size=32, seed=0)
+
+
+__all__ = [
+    "galar_events_path",
+    "mini_galar",
+    "pytest_collection_modifyitems",
+    "pytest_runtest_logreport",
+    "pytest_sessionfinish",
+    "pytest_terminal_summary",
+]

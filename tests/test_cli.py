@@ -238,6 +238,7 @@ def _namespace(run):
     return argparse.Namespace(run=run)
 
 
+@pytest.mark.background
 def test_end_to_end_processes(tmp_path):
     """The two real processes: ``python -m monai_vce --help`` and one decode."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -52,6 +52,7 @@ def test_every_command_for_your_data_has_a_variant_on_the_demo():
     assert (DEMO in [c for _, c in found["run"]]) and len(found["run"]) > 20
 
 
+@pytest.mark.background
 @pytest.mark.slow  # about 30 bundle runs at a tiny size: 3 to 5 min on 2 busy cores
 def test_documented_commands_run_as_printed_on_the_demo(tmp_path):
     found = doc_commands(DOCS)

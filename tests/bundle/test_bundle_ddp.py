@@ -12,6 +12,7 @@ import torch
 from bundle_helpers import DEMO, MULTI_GPU_TRAIN, REPO, TRAIN, config_list, free_port, tiny_overrides
 
 
+@pytest.mark.background
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 def test_two_process_training(tmp_path, mini_galar):
     out = tmp_path / "ddp"

@@ -70,6 +70,7 @@ def _run_commands(python: str, cmds: list[str], cwd: Path, env: dict[str, str]) 
     return outputs
 
 
+@pytest.mark.background
 @pytest.mark.skipif(sys.platform == "win32", reason="symlinked dependency view")
 def test_distributable_bundle_installs_offline_and_runs_from_its_folder(tmp_path):
     out = tmp_path / "dist"

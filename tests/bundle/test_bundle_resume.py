@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from bundle_helpers import DEMO, TRAIN, config_list, run_bundle, run_in_process, tiny_overrides
 
 
+@pytest.mark.background
 def test_training_killed_after_epoch_1_resumes(tmp_path, mini_galar):
     out = tmp_path / "run"
     base = ["run", "training", "--config_file", config_list(TRAIN, DEMO)]

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from monai_vce.utils import error_summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,6 +25,7 @@ def test_error_summary_is_the_innermost_cause():
     assert error_summary(ValueError()) == "ValueError"
 
 
+@pytest.mark.background
 def test_bundle_run_prints_the_message_last(tmp_path):
     # a real bundle run whose input folder is missing: MONAI wraps the project's FileNotFoundError. The run gets a
     # checkpoint of its own, so that the missing folder is the first problem whether or not the demo has run here.

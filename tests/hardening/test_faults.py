@@ -198,6 +198,7 @@ def _infer_in_process(data_dir: Path, out_dir: Path, model_file: Path, **extra: 
 
 # ============================================================================================== faults
 # --- training killed -----------------------------------------------------------------------------------------
+@pytest.mark.background
 def test_training_sigkill_resumes_from_last_checkpoint(mini_galar: Path, tmp_path: Path) -> None:
     """SIGKILL after the first checkpoint; a ``--resume True`` rerun ends at the configured epoch count."""
     ckpt = tmp_path / "ckpt"
@@ -312,6 +313,7 @@ engine.run(range(10**7), max_epochs=1)
 """
 
 
+@pytest.mark.background
 def test_checkpoint_write_killed_never_leaves_a_corrupt_file(tmp_path: Path) -> None:
     """SIGKILL a tight loop of checkpoint saves at several moments: the file under the final name always loads."""
     ckpt = tmp_path / "ckpt"
@@ -418,6 +420,7 @@ def reference_inference(mini_galar: Path, tiny_model: Path, tmp_path_factory: py
     return out
 
 
+@pytest.mark.background
 def test_inference_sigkill_resumes_at_first_incomplete_video(
     mini_galar: Path, tiny_model: Path, reference_inference: Path, tmp_path: Path
 ) -> None:
@@ -607,6 +610,7 @@ def _gate_config(
     return str(path)
 
 
+@pytest.mark.background
 def test_two_inference_runs_on_one_output_folder(
     mini_galar: Path, tiny_model: Path, reference_inference: Path, tmp_path: Path
 ) -> None:

@@ -715,6 +715,7 @@ def test_video_file_with_oversized_frames_is_refused_before_decoding(
     _one_line(err, str(path), "32 x 32 pixels")
 
 
+@pytest.mark.background
 def test_frame_path_that_is_a_device_or_a_pipe_is_refused(tmp_path: Path) -> None:
     """A datalist pointing a frame at ``/dev/zero`` or a named pipe: refused before reading (the loader read
     ``/dev/zero`` until memory ran out and waited forever on the pipe), by the loader, the datalist check and the

@@ -221,6 +221,7 @@ def _measure_in_subprocess(n_frames: int, pool: list[str], out_dir: Path, leak: 
     return float(next(line for line in res.stdout.splitlines() if line.startswith("GROWTH")).split()[1])
 
 
+@pytest.mark.background
 def test_memory_bounded_from_2k_to_20k_frames(pool, tmp_path):
     short = _measure_in_subprocess(2_000, pool, tmp_path / "short")
     long = _measure_in_subprocess(20_000, pool, tmp_path / "long")

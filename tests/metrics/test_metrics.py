@@ -471,6 +471,7 @@ def _distributed_worker(local_rank, out_dir):
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(engine.state.metric_details["m"]))
 
 
+@pytest.mark.background
 @pytest.mark.slow
 def test_ignite_metric_gathers_across_ranks(tmp_path):
     import ignite.distributed as idist
