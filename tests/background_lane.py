@@ -4,8 +4,9 @@ child's result for it (pass, skip, or failure with the child's traceback and cap
 
 The marked tests spend their time in subprocesses of their own, so the child mostly waits and the second core does
 their work. The child has its own environment, working folder and ``--basetemp``, so nothing a foreground test
-changes reaches it; this process's torch uses one thread from then on. Delegation happens only in the parent and only when both kinds of tests are selected; the child
-(``MONAI_VCE_TEST_LANE`` names its results file) runs its tests as usual and writes one JSON line per report.
+changes reaches it; this process's torch uses one thread from then on. Delegation happens only in the parent and
+only when both kinds of tests are selected; the child (``MONAI_VCE_TEST_LANE`` names its results file) runs its
+tests as usual and writes one JSON line per report.
 """
 
 from __future__ import annotations
